@@ -1,0 +1,3 @@
+from kdg.cli import main
+
+main()

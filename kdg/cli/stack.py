@@ -1,0 +1,105 @@
+"""`kdg stack up | status | down | fetch | kill | start`: the local cluster."""
+
+from typing import Annotated, Optional
+
+import typer
+from rich.table import Table
+
+from kdg.cli.options import Json, PgDsn, StateDir
+from kdg.cli.render import console, err_console, flag, print_json
+from kdg.errors import CheckFailed
+
+app = typer.Typer(help="Start, inspect and stop the local Kafka + Postgres stack (no Docker needed).",
+                  no_args_is_help=True)
+
+
+def _layout(state_dir, **overrides):
+    from kdg.paths import default_state_dir
+    from kdg.stack.cluster import resolve_layout
+
+    return resolve_layout(state_dir or default_state_dir(), **overrides)
+
+
+def _show(report, as_json: bool) -> None:
+    if as_json:
+        print_json(report)
+    else:
+        table = Table(title=f"Kafka {report.kafka_version} — {report.state_dir}", title_justify="left")
+        for col in ("node", "port", "pid", "state", "quorum leader"):
+            table.add_column(col)
+        for b in report.brokers:
+            table.add_row(str(b.node_id), str(b.port), str(b.pid or "-"), flag(b.up),
+                          "yes" if b.controller else "")
+        pg = report.postgres
+        table.add_row("postgres", pg.dsn, str(pg.pid or "-"), flag(pg.up), "embedded" if pg.embedded else "external")
+        console.print(table)
+        console.print(f"bootstrap servers: [key]{report.bootstrap_servers}[/key]")
+    if not report.healthy:
+        raise CheckFailed("some part of the stack is down")
+
+
+@app.command()
+def up(
+    brokers: Annotated[Optional[int], typer.Option(help="Number of KRaft brokers (1 gives RF 1). [default: 3]")] = None,
+    broker_port: Annotated[Optional[int], typer.Option(help="Client port of broker 1. [default: 19092]")] = None,
+    pg_port: Annotated[Optional[int], typer.Option(help="Port of the embedded Postgres. [default: 15432]")] = None,
+    pg_dsn: PgDsn = None,
+    state_dir: StateDir = None,
+    as_json: Json = False,
+) -> None:
+    """Start the brokers and Postgres (fetching Kafka's jars once); apply the schema. Idempotent."""
+    from kdg.stack.cluster import up as run_up
+
+    layout = _layout(state_dir, brokers=brokers, broker_port=broker_port, pg_port=pg_port, pg_dsn=pg_dsn)
+    with err_console.status(f"starting {layout.brokers} broker(s) and Postgres ..."):
+        report = run_up(layout, echo=err_console.print)
+    _show(report, as_json)
+
+
+@app.command()
+def status(state_dir: StateDir = None, as_json: Json = False) -> None:
+    """Show each broker, the controller quorum's leader and Postgres; exit 7 if anything is down."""
+    from kdg.stack.cluster import status as run_status
+
+    _show(run_status(_layout(state_dir)), as_json)
+
+
+@app.command()
+def down(
+    purge: Annotated[bool, typer.Option(help="Also delete the stack's data.")] = False,
+    state_dir: StateDir = None,
+    as_json: Json = False,
+) -> None:
+    """Stop exactly the processes `up` started (by their recorded pids)."""
+    from kdg.stack.cluster import down as run_down
+
+    stopped = run_down(_layout(state_dir), purge=purge)
+    if as_json:
+        print_json(stopped)
+    else:
+        console.print(f"stopped brokers {stopped['brokers'] or 'none'}; "
+                      f"postgres {'stopped' if stopped['postgres'] else 'was not running'}"
+                      + ("; data deleted" if purge else ""))
+
+
+@app.command()
+def fetch() -> None:
+    """Download the pinned Kafka jars into the cache (done automatically by `up`)."""
+    from kdg.stack.jars import ensure_kafka_jars, require_java
+
+    require_java()
+    console.print(f"Kafka jars in {ensure_kafka_jars(err_console.print)}")
+
+
+@app.command()
+def kill(
+    node: Annotated[int, typer.Argument(help="Broker node id.")],
+    clean: Annotated[bool, typer.Option(help="SIGTERM (clean shutdown) instead of SIGKILL.")] = False,
+    state_dir: StateDir = None,
+) -> None:
+    """Stop one broker (SIGKILL by default) — a fault for experiments; `kdg stack up` brings it back."""
+    from kdg.stack.cluster import kill_node
+
+    layout = _layout(state_dir)
+    stopped = kill_node(layout, node, hard=not clean)
+    console.print(f"broker {node}: {'stopped' if stopped else 'was not running'}")

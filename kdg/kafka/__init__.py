@@ -1,0 +1,1 @@
+"""Wrappers over confluent-kafka: one module per client role."""

@@ -1,0 +1,104 @@
+"""Admin operations kdg needs: wait for brokers, create and describe topics, read watermarks."""
+
+import time
+
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+
+from kdg.errors import ConnectionFailed, DeliveryError, UsageError
+
+
+def admin_client(bootstrap: str, extra: dict | None = None) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
+
+
+def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float = 90.0) -> None:
+    admin = admin_client(bootstrap)
+    deadline = time.monotonic() + timeout
+    seen: set[int] = set()
+    while time.monotonic() < deadline:
+        try:
+            seen = set(admin.list_topics(timeout=5).brokers)
+            if node_ids <= seen:
+                return
+        except KafkaException:
+            pass
+        time.sleep(0.3)
+    raise ConnectionFailed(f"brokers {sorted(node_ids - seen)} did not register with the cluster "
+                           f"within {timeout:.0f}s (registered: {sorted(seen)})")
+
+
+def topic_partitions(bootstrap: str, topic: str, extra: dict | None = None, timeout: float = 10) -> list[int]:
+    """Partition ids of ``topic``; a usage error if it does not exist."""
+    try:
+        md = admin_client(bootstrap, extra).list_topics(topic, timeout=timeout)
+    except KafkaException as exc:
+        raise ConnectionFailed(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+    t = md.topics.get(topic)
+    if t is None or t.error is not None:
+        raise UsageError(f"topic {topic!r} does not exist")
+    return sorted(t.partitions)
+
+
+def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 3, extra: dict | None = None,
+                 config: dict | None = None) -> bool:
+    """Create ``topic`` with the cluster's default replication if missing; True if created."""
+    admin = admin_client(bootstrap, extra)
+    try:
+        md = admin.list_topics(timeout=10)
+    except KafkaException as exc:
+        raise ConnectionFailed(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+    if topic in md.topics and md.topics[topic].error is None:
+        return False
+    future = admin.create_topics([NewTopic(topic, num_partitions=partitions, config=config or {})])[topic]
+    try:
+        future.result(30)
+    except KafkaException as exc:
+        if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+            raise DeliveryError(f"could not create topic {topic!r}: {exc.args[0].str()}") from exc
+        return False
+    _wait_topic_visible(admin, topic, partitions)
+    return True
+
+
+def _wait_topic_visible(admin: AdminClient, topic: str, partitions: int, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        t = admin.list_topics(topic, timeout=5).topics.get(topic)
+        if t and t.error is None and len(t.partitions) == partitions and all(
+                p.leader >= 0 for p in t.partitions.values()):
+            return
+        time.sleep(0.2)
+
+
+def describe_topic(bootstrap: str, topic: str) -> dict:
+    """Replication factor per partition and the topic's effective ``min.insync.replicas`` (Kafka's word)."""
+    admin = admin_client(bootstrap)
+    t = admin.list_topics(topic, timeout=10).topics[topic]
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    configs = admin.describe_configs([res])[res].result(15)
+    return {
+        "partitions": len(t.partitions),
+        "replication_factors": sorted({len(p.replicas) for p in t.partitions.values()}),
+        "leaders": {p.id: p.leader for p in t.partitions.values()},
+        "min.insync.replicas": int(configs["min.insync.replicas"].value),
+    }
+
+
+def describe_broker_config(bootstrap: str, broker_id: int, names: list[str]) -> dict[str, str]:
+    admin = admin_client(bootstrap)
+    res = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
+    configs = admin.describe_configs([res])[res].result(15)
+    return {n: configs[n].value for n in names if n in configs}
+
+
+def watermarks(bootstrap: str, topic: str, extra: dict | None = None,
+               isolation: str = "read_committed") -> dict[int, tuple[int, int]]:
+    """``{partition: (low, high)}``; under read_committed ``high`` is the last stable offset."""
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kdg-watermarks",
+                         "isolation.level": isolation, "enable.auto.commit": False, **(extra or {})})
+    try:
+        return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                for p in topic_partitions(bootstrap, topic, extra)}
+    finally:
+        consumer.close()

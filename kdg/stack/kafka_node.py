@@ -1,0 +1,143 @@
+"""One KRaft node of the local cluster (broker and controller in one JVM): configure, format, start, stop."""
+
+import base64
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+from kdg.errors import StackError
+from kdg.stack import procs
+from kdg.stack.jars import java_classpath, require_java
+from kdg.stack.layout import HOST, StackLayout
+
+MAIN_CLASS = "kafka.Kafka"
+HEAP = "-Xmx512m"
+
+LOG4J2 = """\
+status = warn
+appender.file.type = File
+appender.file.name = file
+appender.file.fileName = {log}
+appender.file.layout.type = PatternLayout
+appender.file.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = info
+rootLogger.appenderRef.file.ref = file
+logger.request.name = kafka.request.logger
+logger.request.level = warn
+logger.controller.name = org.apache.kafka.controller
+logger.controller.level = info
+"""
+
+
+def config_path(layout: StackLayout, node: int) -> Path:
+    return layout.node_dir(node) / "server.properties"
+
+
+def pidfile(layout: StackLayout, node: int) -> Path:
+    return layout.node_dir(node) / "kafka.pid"
+
+
+def server_log(layout: StackLayout, node: int) -> Path:
+    return layout.node_dir(node) / "server.log"
+
+
+def render_config(layout: StackLayout, node: int) -> str:
+    """``server.properties`` for ``node``: combined broker+controller, topic defaults for durability."""
+    rf, isr = layout.replication_factor, layout.min_insync_replicas
+    voters = ",".join(f"{n}@{HOST}:{layout.controller_port(n)}" for n in layout.node_ids)
+    settings = {
+        "node.id": node,
+        "process.roles": "broker,controller",
+        "listeners": f"PLAINTEXT://{HOST}:{layout.client_port(node)},CONTROLLER://{HOST}:{layout.controller_port(node)}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{layout.client_port(node)}",
+        "controller.listener.names": "CONTROLLER",
+        "inter.broker.listener.name": "PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "controller.quorum.voters": voters,
+        "log.dirs": layout.node_dir(node) / "data",
+        "num.partitions": 3,
+        "default.replication.factor": rf,
+        "min.insync.replicas": isr,
+        "unclean.leader.election.enable": "false",
+        "offsets.topic.replication.factor": rf,
+        "offsets.topic.num.partitions": 10,
+        "transaction.state.log.replication.factor": rf,
+        "transaction.state.log.min.isr": isr,
+        "transaction.state.log.num.partitions": 10,
+        "share.coordinator.state.topic.replication.factor": rf,
+        "share.coordinator.state.topic.min.isr": isr,
+        "group.initial.rebalance.delay.ms": 0,
+        "auto.create.topics.enable": "false",
+        "log.retention.hours": 168,
+        "log.segment.bytes": 64 * 1024 * 1024,
+    }
+    return "".join(f"{k}={v}\n" for k, v in settings.items())
+
+
+def new_cluster_id() -> str:
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+def _java_cmd(layout: StackLayout, node: int, main: str, *args: str) -> list[str]:
+    log4j = layout.node_dir(node) / "log4j2.properties"
+    return [require_java(), HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={log4j}", f"-Dkdg.node={config_path(layout, node)}",
+            "-cp", java_classpath(), main, *args]
+
+
+def prepare(layout: StackLayout, node: int, cluster_id: str) -> None:
+    """Write the node's configuration and format its storage once."""
+    ndir = layout.node_dir(node)
+    (ndir / "data").mkdir(parents=True, exist_ok=True)
+    config_path(layout, node).write_text(render_config(layout, node))
+    (ndir / "log4j2.properties").write_text(LOG4J2.format(log=server_log(layout, node)))
+    if (ndir / "data" / "meta.properties").exists():
+        return
+    cmd = _java_cmd(layout, node, "kafka.tools.StorageTool", "format", "-t", cluster_id,
+                    "-c", str(config_path(layout, node)), "--ignore-formatted")
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise StackError(f"formatting broker {node}'s storage failed:\n{proc.stdout}{proc.stderr}")
+
+
+def is_running(layout: StackLayout, node: int) -> bool:
+    return procs.pid_matches(procs.read_pid(pidfile(layout, node)), str(config_path(layout, node)))
+
+
+def pid(layout: StackLayout, node: int) -> int | None:
+    return procs.read_pid(pidfile(layout, node)) if is_running(layout, node) else None
+
+
+def start(layout: StackLayout, node: int) -> int:
+    """Start ``node`` unless it runs already; return its pid."""
+    if (p := pid(layout, node)) is not None:
+        return p
+    for port in (layout.client_port(node), layout.controller_port(node)):
+        if not procs.port_free(HOST, port):
+            raise StackError(f"port {port} for broker {node} is taken by another process "
+                             f"(choose other ports with --broker-port)")
+    cmd = _java_cmd(layout, node, MAIN_CLASS, str(config_path(layout, node)))
+    return procs.start_detached(cmd, log=layout.node_dir(node) / "stdout.log", pidfile=pidfile(layout, node))
+
+
+def wait_listening(layout: StackLayout, node: int, timeout: float = 90.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if procs.port_open(HOST, layout.client_port(node)):
+            return
+        if not is_running(layout, node):
+            break
+        time.sleep(0.2)
+    raise StackError(f"broker {node} did not start listening on port {layout.client_port(node)}; "
+                     f"last lines of {server_log(layout, node)}:\n{procs.tail(server_log(layout, node))}\n"
+                     f"{procs.tail(layout.node_dir(node) / 'stdout.log', 10)}")
+
+
+def stop(layout: StackLayout, node: int, *, hard: bool = False) -> bool:
+    """Stop ``node`` (SIGTERM, or SIGKILL when ``hard``); False if it was not running."""
+    p = pid(layout, node)
+    if p is None:
+        return False
+    procs.stop_pid(p, hard=hard, timeout=60)
+    return True

@@ -1,0 +1,85 @@
+"""The shape of a local stack: how many brokers, which ports, where its files live.
+
+A stack writes its layout to ``stack.json`` in its state directory on ``up``; every later
+command (status, down, and the default connection settings) reads it back from there.
+"""
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+HOST = "127.0.0.1"
+DEFAULT_BROKER_PORT = 19092
+DEFAULT_PG_PORT = 15432
+PG_USER = "kdg"
+PG_DATABASE = "kdg"
+
+
+@dataclass(frozen=True)
+class StackLayout:
+    """Ports and paths of one local stack.
+
+    Broker ``i`` (1-based) listens for clients on ``broker_port + i - 1`` and for the
+    controller quorum on ``broker_port + 100 + i - 1``.
+    """
+
+    state_dir: Path
+    brokers: int = 3
+    broker_port: int = DEFAULT_BROKER_PORT
+    pg_port: int = DEFAULT_PG_PORT
+    external_pg_dsn: str | None = None
+
+    @property
+    def node_ids(self) -> list[int]:
+        return list(range(1, self.brokers + 1))
+
+    def client_port(self, node: int) -> int:
+        return self.broker_port + node - 1
+
+    def controller_port(self, node: int) -> int:
+        return self.broker_port + 100 + node - 1
+
+    @property
+    def bootstrap_servers(self) -> str:
+        return ",".join(f"{HOST}:{self.client_port(n)}" for n in self.node_ids)
+
+    @property
+    def controller_bootstrap(self) -> str:
+        return ",".join(f"{HOST}:{self.controller_port(n)}" for n in self.node_ids)
+
+    @property
+    def replication_factor(self) -> int:
+        return min(3, self.brokers)
+
+    @property
+    def min_insync_replicas(self) -> int:
+        return 1 if self.brokers == 1 else 2
+
+    @property
+    def pg_dsn(self) -> str:
+        return self.external_pg_dsn or f"postgresql://{PG_USER}@{HOST}:{self.pg_port}/{PG_DATABASE}"
+
+    @property
+    def uses_embedded_pg(self) -> bool:
+        return self.external_pg_dsn is None
+
+    def node_dir(self, node: int) -> Path:
+        return self.state_dir / f"broker-{node}"
+
+    @property
+    def pg_dir(self) -> Path:
+        return self.state_dir / "postgres"
+
+    def save(self) -> None:
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        data = asdict(self) | {"state_dir": str(self.state_dir)}
+        (self.state_dir / "stack.json").write_text(json.dumps(data, indent=2))
+
+    @classmethod
+    def load(cls, state_dir: Path) -> "StackLayout | None":
+        try:
+            data = json.loads((state_dir / "stack.json").read_text())
+        except FileNotFoundError:
+            return None
+        data["state_dir"] = Path(data["state_dir"])
+        return cls(**data)

@@ -1,0 +1,1 @@
+"""The one Postgres store: migrations, dedup claims, offsets, ledger and sink writes."""
