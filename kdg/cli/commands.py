@@ -1,3 +1,198 @@
-"""Top-level commands. Each declares its options and calls one library function."""
+"""Top-level commands. Each declares its options, calls one library function and renders its report."""
 
-from kdg.cli import app  # noqa: F401
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kdg.cli import app
+from kdg.cli.options import Bootstrap, Json, PgDsn, Properties
+from kdg.cli.render import console, err_console, key_value_table, print_json
+from kdg.errors import CheckFailed, UsageError
+
+GuaranteeOpt = Annotated[str, typer.Option(
+    "--guarantee", "-g", help="at-most-once | at-least-once | exactly-once (see `kdg policy`).")]
+
+
+def _conn(bootstrap, pg_dsn, props):
+    from kdg.settings import connection
+
+    return connection(bootstrap, pg_dsn, props)
+
+
+def _progress(label: str, total: int | None, enabled: bool):
+    """A rich progress bar on stderr, or a no-op for --json and pipes."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not enabled or not err_console.is_terminal:
+        return None, (lambda n: None)
+    bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
+                   transient=True)
+    task = bar.add_task(label, total=total)
+    return bar, (lambda n: bar.update(task, completed=n))
+
+
+@app.command()
+def policy(
+    guarantee: Annotated[Optional[str], typer.Argument(help="One guarantee; all three if omitted.")] = None,
+    as_json: Json = False,
+) -> None:
+    """Print every setting a guarantee decides, and why."""
+    from rich.table import Table
+
+    from kdg.guarantees import all_policies, policy_for
+
+    policies = [policy_for(guarantee)] if guarantee else all_policies()
+    if as_json:
+        print_json([p.to_dict() for p in policies] if len(policies) > 1 else policies[0].to_dict())
+        return
+    for p in policies:
+        table = Table(title=p.guarantee.value, title_justify="left")
+        table.add_column("setting", style="key")
+        table.add_column("value")
+        table.add_column("why", style="dim")
+        for row in p.table():
+            table.add_row(*row)
+        console.print(table)
+
+
+@app.command()
+def produce(
+    topic: Annotated[str, typer.Argument(help="Topic to write (created with the cluster defaults if missing).")],
+    guarantee: GuaranteeOpt = "at-least-once",
+    file: Annotated[Optional[Path], typer.Option("--file", "-f", help="Read lines from a file, not stdin.")] = None,
+    fmt: Annotated[str, typer.Option("--format", help="text: one record per line; json: kdg envelopes.")] = "text",
+    count: Annotated[Optional[int], typer.Option("--count", help="Synthetic load: this many records.")] = None,
+    size: Annotated[int, typer.Option("--size", help="Synthetic record size in bytes.")] = 100,
+    rate: Annotated[Optional[float], typer.Option("--rate", help="Synthetic: at most this many per second.")] = None,
+    key: Annotated[Optional[str], typer.Option("-k", help="Key for every record.")] = None,
+    key_delimiter: Annotated[Optional[str], typer.Option("-K", help="Split each line into key and value.")] = None,
+    header: Annotated[Optional[list[str]], typer.Option("-H", help="Header name=value (repeatable).")] = None,
+    partition: Annotated[Optional[int], typer.Option("-p", help="Write to this partition only.")] = None,
+    id_template: Annotated[Optional[str], typer.Option("--id", help="Idempotency key template, e.g. 'order-{seq}' [default: UUIDv7].")] = None,
+    txn_size: Annotated[int, typer.Option(help="exactly-once: records per transaction at most.")] = 10_000,
+    txn_interval_ms: Annotated[int, typer.Option(help="exactly-once: commit a transaction at least this often.")] = 100,
+    transactional_id: Annotated[Optional[str], typer.Option(help="exactly-once: stable transactional.id [default: kdg-produce-TOPIC].")] = None,
+    no_ledger: Annotated[bool, typer.Option("--no-ledger", help="Keep no ledger in Postgres (throughput runs; audit cannot count losses).")] = False,
+    partitions: Annotated[int, typer.Option(help="Partitions if the topic is created.")] = 3,
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
+) -> None:
+    """Send records under a delivery guarantee; each carries an idempotency key (header kdg-id)."""
+    from kdg import sources
+    from kdg.produce import ProduceRequest, run_produce
+
+    opts = sources.LineOptions(key=key, key_delimiter=key_delimiter, headers=sources.parse_headers(header or []),
+                               partition=partition)
+    if fmt not in ("text", "json"):
+        raise UsageError("--format must be text or json")
+    if count is not None:
+        records = sources.synthetic(count, size, rate, opts)
+    else:
+        reader = sources.envelopes if fmt == "json" else sources.text_lines
+        if file is not None:
+            sources.validate_file(file, reader)  # a bad line is reported before anything is sent
+        records = reader(file, opts)
+    bar, progress = _progress(f"producing to {topic}", count, not as_json)
+    req = ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=_conn(bootstrap, pg_dsn, props),
+                         ledger=not no_ledger, id_template=id_template, txn_size=txn_size,
+                         txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
+                         partitions=partitions, progress=progress)
+    if bar:
+        with bar:
+            report = run_produce(req)
+    else:
+        report = run_produce(req)
+    if as_json:
+        print_json(report)
+    else:
+        err_console.print(key_value_table(f"produce {topic} ({report.guarantee})", report.to_dict()))
+    if report.failed:
+        raise CheckFailed(f"{report.failed} record(s) were not delivered")
+
+
+@app.command()
+def consume(
+    topic: Annotated[str, typer.Argument(help="Topic to read.")],
+    group: Annotated[str, typer.Option("--group", "-G", help="Consumer group id.")],
+    guarantee: GuaranteeOpt = "at-least-once",
+    sink: Annotated[str, typer.Option(help="postgres | kafka:OUT_TOPIC | stdout.")] = "postgres",
+    table: Annotated[str, typer.Option(help="Postgres sink table (created like kdg_events).")] = "kdg_events",
+    fmt: Annotated[str, typer.Option("--format", help="stdout sink: text or json envelope lines.")] = "text",
+    id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD, "
+                       "or offset (topic/partition/offset: exact for re-reads, blind to producer duplicates).")] = None,
+    count: Annotated[Optional[int], typer.Option("-c", help="Stop after this many records.")] = None,
+    exit_at_end: Annotated[bool, typer.Option("-e", help="Stop at the end of every assigned partition.")] = False,
+    idle_timeout: Annotated[Optional[float], typer.Option(help="Stop after this many seconds without records.")] = None,
+    offset: Annotated[str, typer.Option("-o", help="Start: beginning | end | stored | N | s@TIMESTAMP_MS.")] = "stored",
+    batch_size: Annotated[int, typer.Option(help="Records per batch (one sink transaction each).")] = 5_000,
+    max_bytes: Annotated[int, typer.Option(help="Larger values go to the dead-letter topic.")] = 1_048_576,
+    handler: Annotated[Optional[str], typer.Option(help="module:function called with each batch (and the open "
+                       "Postgres connection, inside the transaction).")] = None,
+    transactional_id: Annotated[Optional[str], typer.Option(help="kafka sink, exactly-once: transactional.id.")] = None,
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
+) -> None:
+    """Read a topic in a group and write a sink; offsets commit where the guarantee says."""
+    from kdg.consume import ConsumeRequest, run_consume
+
+    if fmt not in ("text", "json"):
+        raise UsageError("--format must be text or json")
+    bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
+    req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props),
+                         sink=sink, table=table, fmt=fmt, id_from=id_from, count=count, exit_at_end=exit_at_end,
+                         idle_timeout=idle_timeout, start=offset, batch_size=batch_size, max_bytes=max_bytes,
+                         handler=handler, transactional_id=transactional_id, progress=progress)
+    if bar:
+        with bar:
+            report = run_consume(req)
+    else:
+        report = run_consume(req)
+    if as_json:
+        print_json(report)
+    else:
+        err_console.print(key_value_table(f"consume {topic} → {sink} ({report.guarantee})", report.to_dict()))
+
+
+@app.command()
+def audit(
+    topic: Annotated[str, typer.Argument(help="The topic the producer ledger recorded.")],
+    group: Annotated[Optional[str], typer.Option("--group", "-G", help="Only rows this group wrote.")] = None,
+    sink: Annotated[str, typer.Option(help="postgres, or kafka:OUT_TOPIC to read the output topic.")] = "postgres",
+    table: Annotated[str, typer.Option(help="Postgres sink table.")] = "kdg_events",
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
+) -> None:
+    """Count lost, duplicated and unexpected records: the producer ledger against the sink."""
+    from kdg.audit import run_audit
+
+    report = run_audit(topic, _conn(bootstrap, pg_dsn, props), sink=sink, table=table, group=group)
+    if as_json:
+        print_json(report)
+    else:
+        rows = {k: v for k, v in report.to_dict().items() if k != "examples"}
+        console.print(key_value_table(f"audit {topic} → {sink}", rows))
+        for kind, ids in report.examples.items():
+            if ids:
+                console.print(f"[warn]{kind}[/warn] e.g. {', '.join(ids)}")
+
+
+@app.command()
+def doctor(
+    state_dir: Annotated[Optional[Path], typer.Option("--state-dir", envvar="KDG_STATE_DIR")] = None,
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, as_json: Json = False,
+) -> None:
+    """Check Java, the jars, brokers, the controller quorum, Postgres and the settings exactly-once needs."""
+    from rich.table import Table
+
+    from kdg.doctor import run_doctor
+
+    report = run_doctor(bootstrap, pg_dsn, state_dir)
+    if as_json:
+        print_json(report)
+    else:
+        table = Table(title="kdg doctor", title_justify="left")
+        for col in ("check", "result", "detail"):
+            table.add_column(col)
+        for c in report.checks:
+            table.add_row(c.name, "[ok]ok[/ok]" if c.ok else "[bad]FAIL[/bad]", c.detail)
+        console.print(table)
+    if not report.ok:
+        raise CheckFailed("failed: " + ", ".join(c.name for c in report.checks if not c.ok))

@@ -9,7 +9,7 @@ from kdg.errors import ConnectionFailed, DeliveryError, UsageError
 
 
 def admin_client(bootstrap: str, extra: dict | None = None) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, **(extra or {})})
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 4, **(extra or {})})
 
 
 def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float = 90.0) -> None:

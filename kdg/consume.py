@@ -1,0 +1,235 @@
+"""`kdg consume`: read a topic in a group and write a sink, committing offsets where the policy says."""
+
+import importlib
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Callable
+
+from kdg import faults
+from kdg.errors import UsageError
+from kdg.guarantees import CommitMode, policy_for
+from kdg.kafka.admin import topic_partitions
+from kdg.kafka.consumer import KdgConsumer, StartOffset
+from kdg.records import Record
+from kdg.settings import Connection
+from kdg.sinks import Batch, parse_sink
+from kdg.sinks.dead_letters import DeadLetterQueue
+from kdg.store.pg import Fenced
+
+
+@dataclass
+class ConsumeRequest:
+    topic: str
+    group: str
+    guarantee: str
+    conn: Connection
+    sink: str = "postgres"
+    table: str = "kdg_events"
+    fmt: str = "text"                 # stdout: text | json envelope
+    id_from: str | None = None        # header:NAME | json:FIELD | offset
+    count: int | None = None          # -c
+    exit_at_end: bool = False         # -e
+    idle_timeout: float | None = None
+    start: str = "stored"             # -o
+    batch_size: int = 5_000
+    max_bytes: int = 1_048_576
+    require_utf8: bool = True
+    handler: str | None = None        # module:function
+    transactional_id: str | None = None
+    progress: Callable[[int], None] | None = None
+
+
+@dataclass
+class ConsumeReport:
+    guarantee: str
+    group: str
+    topic: str
+    sink: str
+    consumed: int = 0
+    processed: int = 0
+    duplicates_suppressed: int = 0
+    dead_lettered: int = 0
+    batches: int = 0
+    fenced_batches: int = 0
+    duration_s: float = 0.0
+    msgs_per_s: float = 0.0
+    stopped_by: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class KeyResolver:
+    """Finds a record's idempotency key: the ``kdg-id`` header, else what ``--id-from`` says."""
+
+    def __init__(self, id_from: str | None):
+        self.kind, self.arg = None, None
+        if id_from:
+            kind, _, arg = id_from.partition(":")
+            if kind not in ("header", "json", "offset") or (kind != "offset" and not arg):
+                raise UsageError(f"--id-from {id_from!r}: use header:NAME, json:FIELD or offset")
+            self.kind, self.arg = kind, arg
+
+    def key(self, rec: Record) -> str | None:
+        """The key, or None if the record has none; raises ValueError if ``json:`` cannot parse it."""
+        found = rec.idempotency_key
+        if found is not None:
+            return found
+        if self.kind == "header":
+            raw = rec.header(self.arg)
+            return raw.decode("utf-8", "replace") if raw is not None else None
+        if self.kind == "json":
+            doc = json.loads(rec.value or b"")
+            value = doc.get(self.arg) if isinstance(doc, dict) else None
+            return None if value is None else str(value)
+        if self.kind == "offset":
+            return f"{rec.topic}/{rec.partition}/{rec.offset}"
+        return None
+
+
+def load_handler(spec: str | None):
+    if not spec:
+        return None
+    module, sep, func = spec.partition(":")
+    if not sep:
+        raise UsageError(f"--handler {spec!r}: use module:function")
+    try:
+        return getattr(importlib.import_module(module), func)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"--handler {spec!r}: {exc}") from None
+
+
+def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue):
+    kind, out_topic = parse_sink(req.sink)
+    if kind == "postgres":
+        from kdg.sinks.postgres import PostgresSink
+
+        return PostgresSink(req.conn.pg_dsn, req.table, req.group, req.topic, dlq, load_handler(req.handler))
+    if kind == "kafka":
+        from kdg.sinks.kafka import KafkaSink
+
+        txn_id = req.transactional_id or f"kdg-{req.group}-{req.topic}-{socket.gethostname()}-{os.getpid()}"
+        return KafkaSink(policy, req.conn.bootstrap_servers, req.conn.extra, out_topic, dlq, txn_id)
+    from kdg.sinks.stdout import StdoutSink
+
+    return StdoutSink(req.fmt, dlq)
+
+
+def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool) -> Batch:
+    """Turn messages into a batch: good records with keys, and dead letters with a reason."""
+    batch = Batch()
+    for msg in msgs:
+        rec = Record(value=msg.value(), key=msg.key(), headers=list(msg.headers() or []), topic=msg.topic(),
+                     partition=msg.partition(), offset=msg.offset(), timestamp=msg.timestamp()[1])
+        batch.note_offset(rec.topic, rec.partition, rec.offset)
+        value = rec.value or b""
+        if len(value) > req.max_bytes:
+            batch.dead.append((rec, f"oversize: {len(value)} bytes > {req.max_bytes}", rec.idempotency_key))
+            continue
+        if req.require_utf8:
+            try:
+                value.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                batch.dead.append((rec, f"not UTF-8: {exc.reason} at byte {exc.start}", rec.idempotency_key))
+                continue
+        try:
+            key = resolver.key(rec)
+        except ValueError as exc:
+            batch.dead.append((rec, f"bad JSON: {exc}", None))
+            continue
+        if key is None and must_have_key:
+            raise UsageError(f"record {rec.topic}/{rec.partition}/{rec.offset} has no kdg-id header and no "
+                             "--id-from was given; exactly-once needs an idempotency key for every record "
+                             "(nothing of this batch was written)")
+        batch.records.append((rec, key if key is not None else f"{rec.topic}/{rec.partition}/{rec.offset}"))
+    return batch
+
+
+def run_consume(req: ConsumeRequest) -> ConsumeReport:
+    policy = policy_for(req.guarantee)
+    atomic = policy.commit_mode is CommitMode.IN_SINK_TRANSACTION
+    kind, _ = parse_sink(req.sink)
+    if atomic and kind == "stdout":
+        raise UsageError("exactly-once cannot write to stdout: a terminal cannot take back a line if the "
+                         "consumer crashes before its offsets commit. Use --sink postgres or kafka:TOPIC.")
+    start = StartOffset(req.start)
+    resolver = KeyResolver(req.id_from)
+    topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra)  # the topic must exist
+    report = ConsumeReport(policy.guarantee.value, req.group, req.topic, req.sink)
+    dlq = DeadLetterQueue(req.conn.bootstrap_servers, req.topic, req.conn.extra)
+    sink = _make_sink(req, policy, dlq)
+    consumer = KdgConsumer(policy, req.conn.bootstrap_servers, req.group, req.conn.extra, start,
+                           eof=req.exit_at_end)
+    owns_offsets = atomic and kind == "postgres"
+    consumer.subscribe(req.topic, on_assign=lambda parts: sink.assign(consumer, parts, atomic),
+                       on_revoke=sink.revoke)
+    started = last_data = time.monotonic()
+    try:
+        while True:
+            want = req.batch_size if req.count is None else min(req.batch_size, req.count - report.consumed)
+            msgs = consumer.poll_batch(want, 0.5)
+            if msgs:
+                last_data = time.monotonic()
+                _handle(msgs, req, policy, atomic, owns_offsets, resolver, consumer, sink, report)
+                if req.progress:
+                    req.progress(report.consumed)
+            if req.count is not None and report.consumed >= req.count:
+                report.stopped_by = "count"
+                break
+            if req.exit_at_end and consumer.at_end():
+                report.stopped_by = "end of partitions"
+                break
+            if req.idle_timeout is not None and time.monotonic() - last_data >= req.idle_timeout:
+                report.stopped_by = "idle timeout"
+                break
+    except KeyboardInterrupt:
+        report.stopped_by = "interrupted"
+    finally:
+        report.duration_s = round(time.monotonic() - started, 3)
+        report.msgs_per_s = round(report.consumed / report.duration_s, 1) if report.duration_s else 0.0
+        consumer.close()
+        sink.close()
+    return report
+
+
+def _handle(msgs, req, policy, atomic, owns_offsets, resolver, consumer, sink, report) -> None:
+    faults.reach("after-poll-before-process")
+    batch = _sort(msgs, resolver, req, must_have_key=policy.dedup)
+    if policy.commit_mode is CommitMode.BEFORE_PROCESSING:
+        consumer.commit(batch.next_offsets)
+        faults.reach("after-commit-before-process")
+    try:
+        result = sink.write(batch, atomic=atomic)
+    except Fenced:
+        report.fenced_batches += 1
+        _rewind(consumer, batch)
+        return
+    except Exception as exc:
+        from kdg.sinks.kafka import RetryBatch
+
+        if not isinstance(exc, RetryBatch):
+            raise
+        report.fenced_batches += 1
+        _rewind(consumer, batch)
+        return
+    if policy.commit_mode is CommitMode.AFTER_PROCESSING:
+        faults.reach("after-process-before-commit")
+        consumer.commit(batch.next_offsets)
+    elif owns_offsets:
+        consumer.commit_quietly(batch.next_offsets)  # information for lag tools only
+    if atomic:
+        faults.reach("after-commit-before-process")
+    report.consumed += len(batch)
+    report.batches += 1
+    report.processed += len(batch.records)
+    report.duplicates_suppressed += result.duplicates_suppressed
+    report.dead_lettered += len(batch.dead)
+
+
+def _rewind(consumer: KdgConsumer, batch: Batch) -> None:
+    """Read a batch that was not written again, from its first offsets (partitions still ours only)."""
+    for (topic, partition), offset in batch.first_offsets.items():
+        consumer.seek(topic, partition, offset)

@@ -1,0 +1,115 @@
+"""`kdg doctor`: is everything kdg needs there, reachable and configured for exactly-once?"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kdg.errors import KdgError
+from kdg.settings import connection, local_layout, redact_dsn
+
+
+@dataclass
+class Check:
+    name: str
+    ok: bool
+    detail: str
+
+
+@dataclass
+class DoctorReport:
+    checks: list[Check] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return all(c.ok for c in self.checks)
+
+    def to_dict(self) -> dict:
+        return {"ok": self.ok, "checks": [c.__dict__ for c in self.checks]}
+
+
+def _check(report: DoctorReport, name: str, fn) -> object:
+    """Run ``fn`` → (ok, detail[, value]); an exception is a failed check with its message."""
+    try:
+        ok, detail, *value = fn()
+    except (KdgError, Exception) as exc:  # noqa: BLE001 — doctor reports every failure, it never crashes
+        report.checks.append(Check(name, False, str(exc).splitlines()[0]))
+        return None
+    report.checks.append(Check(name, ok, detail))
+    return value[0] if value else ok
+
+
+def _java():
+    import subprocess
+
+    from kdg.stack.jars import require_java
+
+    java = require_java()
+    line = subprocess.run([java, "-version"], capture_output=True, text=True).stderr.splitlines()[0]
+    return True, line
+
+
+def _jars():
+    from kdg.stack.jars import has_kafka_jars, kafka_lib_dir, kafka_version
+
+    return has_kafka_jars(), f"Kafka {kafka_version()} in {kafka_lib_dir()}" if has_kafka_jars() else \
+        "not fetched yet: `kdg stack fetch`"
+
+
+def _brokers(bootstrap: str, expected: int | None):
+    from kdg.kafka.admin import admin_client
+
+    md = admin_client(bootstrap).list_topics(timeout=5)
+    ids = sorted(md.brokers)
+    ok = expected is None or len(ids) >= expected
+    return ok, f"{len(ids)} broker(s) registered: {ids}" + ("" if ok else f", expected {expected}"), ids
+
+
+def _quorum(layout):
+    from kdg.stack.cluster import quorum_leader
+
+    leader = quorum_leader(layout)
+    return leader is not None, f"leader is node {leader}" if leader is not None else "no quorum leader answered"
+
+
+def _eos_settings(bootstrap: str, broker_id: int, brokers: int):
+    from kdg.kafka.admin import describe_broker_config
+
+    names = ["transaction.state.log.replication.factor", "transaction.state.log.min.isr", "min.insync.replicas",
+             "default.replication.factor", "unclean.leader.election.enable", "offsets.topic.replication.factor"]
+    cfg = describe_broker_config(bootstrap, broker_id, names)
+    want_rf, want_isr = min(3, brokers), (1 if brokers == 1 else 2)
+    problems = []
+    for name, minimum in (("transaction.state.log.replication.factor", want_rf),
+                          ("transaction.state.log.min.isr", want_isr), ("min.insync.replicas", want_isr),
+                          ("default.replication.factor", want_rf), ("offsets.topic.replication.factor", want_rf)):
+        if int(cfg.get(name, 0)) < minimum:
+            problems.append(f"{name}={cfg.get(name)} (want ≥{minimum})")
+    if cfg.get("unclean.leader.election.enable", "false") != "false":
+        problems.append("unclean.leader.election.enable=true (acknowledged writes can be lost)")
+    shown = ", ".join(f"{k}={v}" for k, v in cfg.items())
+    return not problems, "; ".join(problems) if problems else shown
+
+
+def _postgres(dsn: str):
+    from kdg.store.migrations import pending_migrations
+
+    pending = pending_migrations(dsn)
+    return True, f"reachable at {redact_dsn(dsn)}", pending
+
+
+def run_doctor(bootstrap: str | None, pg_dsn: str | None, state_dir: Path | None) -> DoctorReport:
+    report = DoctorReport()
+    conn = connection(bootstrap, pg_dsn, [], state_dir)
+    local = bootstrap is None
+    layout = local_layout(state_dir)
+    _check(report, "java", _java)
+    _check(report, "kafka jars", _jars)
+    ids = _check(report, "brokers", lambda: _brokers(conn.bootstrap_servers, layout.brokers if local else None))
+    if local:
+        _check(report, "controller quorum", lambda: _quorum(layout))
+    if ids:
+        _check(report, "exactly-once settings", lambda: _eos_settings(conn.bootstrap_servers, ids[0], len(ids)))
+    pending = _check(report, "postgres", lambda: _postgres(conn.pg_dsn))
+    if pending is not None:
+        report.checks.append(Check("schema migrated", not pending,
+                                   "up to date" if not pending else f"pending: {', '.join(pending)} (`kdg stack up`)"))
+    return report

@@ -1,0 +1,38 @@
+"""Named kill points for crash experiments: inert unless ``KDG_FAULT`` names one.
+
+``KDG_FAULT=after-commit-before-process`` SIGKILLs the process the first time it reaches that
+point; ``KDG_FAULT=after-commit-before-process@3`` the third time. Tests and `kdg chaos` use it
+to crash a consumer at an exact place in its loop, as a power cut would.
+"""
+
+import os
+import signal
+
+KILL_POINTS = (
+    "after-poll-before-process",
+    "after-process-before-commit",
+    "after-commit-before-process",
+    "inside-pg-transaction",
+    "during-rebalance",
+    "spark-task-mid-write",
+)
+
+_hits: dict[str, int] = {}
+
+
+def _armed() -> tuple[str, int] | None:
+    spec = os.environ.get("KDG_FAULT")
+    if not spec:
+        return None
+    name, _, nth = spec.partition("@")
+    return name, int(nth or 1)
+
+
+def reach(point: str) -> None:
+    """Mark that the code reached ``point``; die here with SIGKILL if the fault is armed for it."""
+    armed = _armed()
+    if armed is None or armed[0] != point:
+        return
+    _hits[point] = _hits.get(point, 0) + 1
+    if _hits[point] == armed[1]:
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,152 @@
+"""The one module that owns confluent-kafka's Consumer: config from the policy, batches, offsets, rebalances."""
+
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, Consumer, KafkaError, KafkaException, \
+    TopicPartition
+
+from kdg.errors import DeliveryError, UsageError
+from kdg.guarantees import DeliveryPolicy, merge_overrides
+
+TUNING = {
+    "session.timeout.ms": 10_000,       # a dead consumer's partitions move within seconds
+    "heartbeat.interval.ms": 1_000,
+    "max.poll.interval.ms": 120_000,
+    "queued.max.messages.kbytes": 65_536,  # bounds memory by the queue, not by the topic
+    "fetch.max.bytes": 52_428_800,
+    "topic.metadata.refresh.interval.ms": 5_000,
+}
+
+
+class StartOffset:
+    """``-o``: beginning | end | stored | N | s@TIMESTAMP_MS."""
+
+    def __init__(self, spec: str = "stored"):
+        self.spec = spec
+        self.timestamp = None
+        if spec in ("beginning", "end", "stored"):
+            self.absolute = None
+        elif spec.startswith("s@") and spec[2:].isdigit():
+            self.timestamp = int(spec[2:])
+            self.absolute = None
+        elif spec.lstrip("-").isdigit() and int(spec) >= 0:
+            self.absolute = int(spec)
+        else:
+            raise UsageError(f"-o {spec!r}: use beginning, end, stored, an offset N or s@TIMESTAMP_MS")
+
+    @property
+    def reset(self) -> str:
+        return "latest" if self.spec == "end" else "earliest"
+
+    def explicit(self) -> bool:
+        return self.spec != "stored"
+
+    def kafka_offset(self) -> int:
+        return {"beginning": OFFSET_BEGINNING, "end": OFFSET_END}.get(self.spec, self.absolute
+                                                                        if self.absolute is not None else OFFSET_STORED)
+
+
+class KdgConsumer:
+    """A group consumer bound to one delivery policy; kdg alone decides when offsets commit."""
+
+    def __init__(self, policy: DeliveryPolicy, bootstrap: str, group: str, extra: dict | None = None,
+                 start: StartOffset | None = None, eof: bool = False):
+        self.policy = policy
+        self.start = start or StartOffset()
+        config = merge_overrides({**TUNING, **policy.consumer_config()}, extra or {})
+        config.update({"bootstrap.servers": bootstrap, "group.id": group,
+                       "auto.offset.reset": self.start.reset, "enable.partition.eof": eof})
+        try:
+            self._consumer = Consumer(config)
+        except KafkaException as exc:
+            raise UsageError(f"invalid consumer configuration: {exc.args[0].str()}") from exc
+        self.eof_partitions: set[tuple[str, int]] = set()
+        self.assigned: set[tuple[str, int]] = set()
+        self._seen_first_assignment: set[tuple[str, int]] = set()
+
+    def subscribe(self, topic: str, on_assign, on_revoke) -> None:
+        """``on_assign(partitions)`` returns the partitions with the offsets to start from."""
+
+        def assigned(consumer, partitions):
+            chosen = on_assign(partitions)
+            self.assigned |= {(p.topic, p.partition) for p in chosen}
+            consumer.assign(chosen)
+
+        def revoked(consumer, partitions):
+            on_revoke(partitions)
+            self.assigned -= {(p.topic, p.partition) for p in partitions}
+            self.eof_partitions -= {(p.topic, p.partition) for p in partitions}
+            consumer.unassign()
+
+        self._consumer.subscribe([topic], on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+
+    def initial_offset(self, tp: TopicPartition, stored: int | None, kdg_owns_offsets: bool = False) -> int:
+        """Where ``tp`` starts: an explicit ``-o`` on its first assignment, else ``stored``.
+
+        With no stored offset: Kafka's committed offset, or when kdg keeps offsets outside Kafka
+        (``kdg_owns_offsets``), the reset position.
+        """
+        key = (tp.topic, tp.partition)
+        first = key not in self._seen_first_assignment
+        self._seen_first_assignment.add(key)
+        if first and self.start.explicit():
+            if self.start.timestamp is not None:
+                found = self._consumer.offsets_for_times([TopicPartition(tp.topic, tp.partition, self.start.timestamp)],
+                                                         timeout=10)[0]
+                return found.offset if found.offset >= 0 else OFFSET_END
+            return self.start.kafka_offset()
+        if stored is not None:
+            return stored
+        if not kdg_owns_offsets:
+            return OFFSET_STORED
+        return OFFSET_BEGINNING if self.start.reset == "earliest" else OFFSET_END
+
+    def poll_batch(self, max_records: int, timeout: float) -> list:
+        """Up to ``max_records`` messages; partition EOF events are noted, errors raised or skipped."""
+        batch = []
+        for msg in self._consumer.consume(max_records, timeout):
+            err = msg.error()
+            if err is None:
+                batch.append(msg)
+                self.eof_partitions.discard((msg.topic(), msg.partition()))
+            elif err.code() == KafkaError._PARTITION_EOF:
+                self.eof_partitions.add((msg.topic(), msg.partition()))
+            elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
+                raise DeliveryError(f"consumer error: {err.str()}")
+        return batch
+
+    def at_end(self) -> bool:
+        return bool(self.assigned) and self.assigned <= self.eof_partitions
+
+    def commit(self, next_offsets: dict[tuple[str, int], int]) -> None:
+        """Synchronously commit ``{(topic, partition): next_offset}``."""
+        if not next_offsets:
+            return
+        tps = [TopicPartition(t, p, o) for (t, p), o in next_offsets.items()]
+        try:
+            self._consumer.commit(offsets=tps, asynchronous=False)
+        except KafkaException as exc:
+            raise DeliveryError(f"offset commit failed: {exc.args[0].str()}") from exc
+
+    def commit_quietly(self, next_offsets: dict[tuple[str, int], int]) -> None:
+        """Asynchronously commit offsets that are informational only (for lag tools)."""
+        if next_offsets:
+            try:
+                self._consumer.commit(offsets=[TopicPartition(t, p, o) for (t, p), o in next_offsets.items()],
+                                      asynchronous=True)
+            except KafkaException:
+                pass
+
+    def seek(self, topic: str, partition: int, offset: int) -> None:
+        if (topic, partition) in self.assigned:
+            try:
+                self._consumer.seek(TopicPartition(topic, partition, offset))
+            except KafkaException:
+                pass  # not fetching yet: the assignment's own offset applies
+
+    def positions_of(self, offsets: dict[tuple[str, int], int]) -> list[TopicPartition]:
+        return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
+
+    def group_metadata(self):
+        return self._consumer.consumer_group_metadata()
+
+    def close(self) -> None:
+        self._consumer.close()

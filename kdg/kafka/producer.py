@@ -1,0 +1,110 @@
+"""The one module that owns confluent-kafka's Producer: config from the policy, sends, transactions, errors."""
+
+from confluent_kafka import KafkaError, KafkaException, Producer
+
+from kdg.errors import DeliveryError, UsageError
+from kdg.guarantees import DeliveryPolicy, merge_overrides
+
+# Throughput defaults a user may change with -X; the policy's keys are not among them.
+TUNING = {"linger.ms": 5, "batch.size": 1_000_000, "queue.buffering.max.messages": 500_000,
+          "queue.buffering.max.kbytes": 262_144, "compression.type": "none"}
+
+
+class TransactionAborted(Exception):
+    """The open transaction had to be aborted (``txn_requires_abort``); its records must be re-sent."""
+
+
+def producer_config(policy: DeliveryPolicy, bootstrap: str, extra: dict, transactional_id: str | None) -> dict:
+    config = merge_overrides({**TUNING, **policy.producer_config()}, extra)
+    config["bootstrap.servers"] = bootstrap
+    if policy.transactional:
+        if not transactional_id:
+            raise UsageError("a transactional producer needs a transactional.id")
+        config["transactional.id"] = transactional_id
+        config.setdefault("transaction.timeout.ms", 30_000)
+    return config
+
+
+class KdgProducer:
+    """A producer bound to one delivery policy.
+
+    Refuses transaction calls when the policy is not transactional; retries ``BufferError``
+    after serving delivery reports; turns ``KafkaError`` into kdg errors.
+    """
+
+    def __init__(self, policy: DeliveryPolicy, bootstrap: str, extra: dict | None = None,
+                 transactional_id: str | None = None):
+        self.policy = policy
+        self.config = producer_config(policy, bootstrap, extra or {}, transactional_id)
+        try:
+            self._producer = Producer(self.config)
+        except KafkaException as exc:
+            raise UsageError(f"invalid producer configuration: {exc.args[0].str()}") from exc
+        self.in_transaction = False
+        if policy.transactional:
+            self._call("init_transactions", 60)
+
+    def send(self, topic: str, value, key=None, headers=None, partition: int | None = None, on_delivery=None) -> None:
+        kwargs = {"value": value, "key": key, "headers": headers, "on_delivery": on_delivery}
+        if partition is not None:
+            kwargs["partition"] = partition
+        while True:
+            try:
+                self._producer.produce(topic, **kwargs)
+                return
+            except BufferError:
+                self._producer.poll(0.05)  # queue full: serve delivery reports, then try again
+            except KafkaException as exc:
+                raise DeliveryError(f"produce to {topic} failed: {exc.args[0].str()}") from exc
+
+    def poll(self, timeout: float = 0) -> int:
+        return self._producer.poll(timeout)
+
+    def flush(self, timeout: float = 120) -> int:
+        remaining = self._producer.flush(timeout)
+        return remaining
+
+    def __len__(self) -> int:
+        return len(self._producer)
+
+    # -- transactions ------------------------------------------------------------------------
+    def _require_transactional(self) -> None:
+        if not self.policy.transactional:
+            raise DeliveryError(f"transactions are not part of the {self.policy.guarantee.value} policy")
+
+    def begin(self) -> None:
+        self._require_transactional()
+        self._call("begin_transaction")
+        self.in_transaction = True
+
+    def send_offsets(self, offsets, group_metadata) -> None:
+        self._require_transactional()
+        self._call("send_offsets_to_transaction", offsets, group_metadata, 60)
+
+    def commit(self) -> None:
+        self._require_transactional()
+        self._call("commit_transaction", 60)
+        self.in_transaction = False
+
+    def abort(self) -> None:
+        self._require_transactional()
+        if self.in_transaction:
+            self._call("abort_transaction", 60)
+            self.in_transaction = False
+
+    def _call(self, name: str, *args):
+        """Call a transactional API; retry retriable errors, raise TransactionAborted or DeliveryError."""
+        for _ in range(20):
+            try:
+                return getattr(self._producer, name)(*args)
+            except KafkaException as exc:
+                err: KafkaError = exc.args[0]
+                if err.fatal():
+                    raise DeliveryError(f"{name}: fatal Kafka error {err.name()}: {err.str()} "
+                                        "(another producer with this transactional.id may have fenced this one)") from exc
+                if err.txn_requires_abort():
+                    raise TransactionAborted(f"{name}: {err.str()}") from exc
+                if err.retriable():
+                    continue
+                raise DeliveryError(f"{name} failed: {err.name()}: {err.str()}") from exc
+        raise DeliveryError(f"{name} kept failing with retriable errors")

@@ -1,0 +1,49 @@
+"""Dead letters: records a sink cannot take go to ``TOPIC.dlq`` with the reason in headers; nothing is lost."""
+
+from kdg.guarantees import policy_for
+from kdg.kafka.admin import ensure_topic
+from kdg.records import ID_HEADER, Record
+
+REASON_HEADER = "kdg-dlq-reason"
+
+
+def dlq_topic(topic: str) -> str:
+    return f"{topic}.dlq"
+
+
+def dead_letter_headers(rec: Record, reason: str, key: str | None) -> list[tuple[str, bytes]]:
+    headers = [(k, v) for k, v in rec.headers if k != ID_HEADER]
+    headers += [(REASON_HEADER, reason.encode()), ("kdg-source", f"{rec.topic}/{rec.partition}/{rec.offset}".encode())]
+    if key is not None:
+        headers.append((ID_HEADER, key.encode()))
+    return headers
+
+
+class DeadLetterQueue:
+    """A durable (acks=all) producer for one DLQ topic, created on first use."""
+
+    def __init__(self, bootstrap: str, topic: str, extra: dict):
+        self.bootstrap, self.topic, self.extra = bootstrap, dlq_topic(topic), extra
+        self._producer = None
+        self._topic_ready = False
+
+    def send(self, dead: list[tuple[Record, str, str | None]], producer=None) -> None:
+        """Send ``dead``; through ``producer`` (an open transaction) when given, else durably now."""
+        if not dead:
+            return
+        own = producer is None
+        if own and self._producer is None:
+            from kdg.kafka.producer import KdgProducer
+
+            self._producer = KdgProducer(policy_for("at-least-once"), self.bootstrap, self.extra)
+        if not self._topic_ready:
+            ensure_topic(self.bootstrap, self.topic, partitions=1, extra=self.extra)
+            self._topic_ready = True
+        target = self._producer if own else producer
+        for rec, reason, key in dead:
+            target.send(self.topic, rec.value, rec.key, dead_letter_headers(rec, reason, key))
+        if own:
+            from kdg.errors import DeliveryError
+
+            if self._producer.flush(60):
+                raise DeliveryError(f"dead letters to {self.topic} were not acknowledged")

@@ -1,0 +1,64 @@
+"""The Kafka sink (consume-transform-produce): under exactly-once, output and input offsets in one transaction."""
+
+from confluent_kafka import TopicPartition
+
+from kdg import faults
+from kdg.errors import DeliveryError
+from kdg.kafka.admin import ensure_topic
+from kdg.kafka.producer import KdgProducer, TransactionAborted
+from kdg.sinks import Batch, WriteResult
+from kdg.sinks.dead_letters import DeadLetterQueue
+
+
+class RetryBatch(Exception):
+    """The transaction was aborted; the batch must be read again from its first offsets."""
+
+
+class KafkaSink:
+    atomic_offsets = True
+
+    def __init__(self, policy, bootstrap: str, extra: dict, out_topic: str, dlq: DeadLetterQueue,
+                 transactional_id: str, partitions: int = 3):
+        self.out_topic, self.dlq = out_topic, dlq
+        ensure_topic(bootstrap, out_topic, partitions=partitions, extra=extra)
+        self.producer = KdgProducer(policy, bootstrap, extra, transactional_id=transactional_id)
+        self.consumer = None
+
+    def assign(self, consumer, partitions, owns_offsets: bool):
+        self.consumer = consumer
+        faults.reach("during-rebalance")
+        return [TopicPartition(p.topic, p.partition, consumer.initial_offset(p, None)) for p in partitions]
+
+    def revoke(self, partitions) -> None:
+        pass
+
+    def _send(self, batch: Batch) -> None:
+        for rec, _key in batch.records:
+            self.producer.send(self.out_topic, rec.value, rec.key, rec.headers)
+
+    def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
+        if not atomic:
+            self.dlq.send(batch.dead)
+            self._send(batch)
+            faults.reach("inside-pg-transaction")
+            if self.producer.flush(120):
+                raise DeliveryError(f"records to {self.out_topic} were not acknowledged")
+            return WriteResult(len(batch.records), 0)
+        self.producer.begin()
+        try:
+            self._send(batch)
+            self.dlq.send(batch.dead, producer=self.producer)
+            offsets = [TopicPartition(t, p, o) for (t, p), o in batch.next_offsets.items()]
+            self.producer.send_offsets(offsets, self.consumer.group_metadata())
+            faults.reach("inside-pg-transaction")
+            faults.reach("after-process-before-commit")
+            self.producer.commit()
+        except TransactionAborted as exc:
+            self.producer.abort()
+            raise RetryBatch(str(exc)) from exc
+        return WriteResult(len(batch.records), 0)
+
+    def close(self) -> None:
+        if self.producer.in_transaction:
+            self.producer.abort()
+        self.producer.flush(30)

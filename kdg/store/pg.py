@@ -1,0 +1,181 @@
+"""The one Postgres store: sink rows, dedup claims, fenced offsets and the producer ledger.
+
+``kdg consume``, ``kdg produce``, ``kdg audit`` and Spark executors all write through here.
+The SQL is async (asyncpg); :class:`Store` gives plain callers a blocking facade on a private
+event loop, so it can be used from confluent-kafka callbacks and Spark tasks alike.
+"""
+
+import asyncio
+import json
+
+import asyncpg
+
+from kdg.errors import ConnectionFailed, KdgError
+from kdg.settings import redact_dsn, sql_identifier
+from kdg.store.migrations import connect
+
+SINK_COLUMNS = ("idempotency_key", "topic", "partition", "offset", "key", "value", "headers")
+LEDGER_COLUMNS = ("run_id", "idempotency_key", "topic", "seq", "status", "partition", "offset", "error")
+
+_STAGE = """CREATE TEMP TABLE IF NOT EXISTS kdg_stage (
+    idempotency_key text, topic text, "partition" integer, "offset" bigint,
+    key bytea, value bytea, headers jsonb) ON COMMIT DELETE ROWS"""
+
+
+class Fenced(KdgError):
+    """A newer consumer owns these partitions now; this writer is a zombie and its batch was rolled back."""
+
+
+class Store:
+    """A blocking facade over one asyncpg connection."""
+
+    def __init__(self, dsn: str):
+        self.dsn = dsn
+        self._loop = asyncio.new_event_loop()
+        self.conn: asyncpg.Connection = self._run(connect(dsn))
+        self._run(self.conn.execute(_STAGE))
+        self._sink_ready: set[str] = set()
+
+    def _run(self, coro):
+        try:
+            return self._loop.run_until_complete(coro)
+        except (OSError, asyncpg.exceptions.ConnectionDoesNotExistError,
+                asyncpg.exceptions.InterfaceError, asyncpg.exceptions.AdminShutdownError,
+                asyncpg.exceptions.CannotConnectNowError) as exc:
+            raise ConnectionFailed(f"lost Postgres at {redact_dsn(self.dsn)}: {exc}") from exc
+
+    def close(self) -> None:
+        try:
+            self._loop.run_until_complete(self.conn.close(timeout=5))
+        except Exception:  # closing a dead connection must not hide the real error
+            self.conn.terminate()
+        self._loop.close()
+
+    def __enter__(self) -> "Store":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- sink tables -------------------------------------------------------------------------
+    def ensure_sink_table(self, table: str) -> str:
+        """Create sink ``table`` shaped like ``kdg_events`` if missing; returns the checked name."""
+        table = sql_identifier(table)
+        if table not in self._sink_ready:
+            self._run(self.conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {table} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)"))
+            self._sink_ready.add(table)
+        return table
+
+    # -- offsets -----------------------------------------------------------------------------
+    def acquire_partitions(self, group: str, topic: str, partitions: list[int]) -> dict[int, tuple[int, int | None]]:
+        """Take ownership of ``partitions``: bump each fence; return ``{p: (fence, next_offset)}``."""
+        rows = self._run(self.conn.fetch(
+            """INSERT INTO kdg_offsets (consumer_group, topic, "partition", fence)
+               SELECT $1, $2, p, 1 FROM unnest($3::int[]) AS p
+               ON CONFLICT (consumer_group, topic, "partition")
+               DO UPDATE SET fence = kdg_offsets.fence + 1, updated_at = now()
+               RETURNING "partition", fence, next_offset""", group, topic, partitions))
+        return {r["partition"]: (r["fence"], r["next_offset"]) for r in rows}
+
+    def stored_offsets(self, group: str, topic: str) -> dict[int, int]:
+        rows = self._run(self.conn.fetch(
+            """SELECT "partition", next_offset FROM kdg_offsets
+               WHERE consumer_group = $1 AND topic = $2 AND next_offset IS NOT NULL""", group, topic))
+        return {r["partition"]: r["next_offset"] for r in rows}
+
+    # -- batches -----------------------------------------------------------------------------
+    def write_exactly_once(self, table: str, group: str, rows: list[tuple], next_offsets: dict[int, int],
+                           topic: str, fences: dict[int, int], handler=None, before_commit=None) -> int:
+        """One transaction: claim keys, insert newly claimed rows, move fenced offsets. Returns rows inserted."""
+        return self._run(self._write_exactly_once(table, group, rows, next_offsets, topic, fences,
+                                                  handler, before_commit))
+
+    async def _write_exactly_once(self, table, group, rows, next_offsets, topic, fences, handler, before_commit):
+        conn = self.conn
+        async with conn.transaction():
+            inserted = 0
+            if rows:
+                await conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
+                status = await conn.execute(f"""
+                    WITH staged AS (
+                        SELECT DISTINCT ON (idempotency_key) * FROM kdg_stage
+                        ORDER BY idempotency_key, "partition", "offset"),
+                    claimed AS (
+                        INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
+                        SELECT $1, idempotency_key, topic, "partition", "offset" FROM staged
+                        ON CONFLICT DO NOTHING RETURNING idempotency_key)
+                    INSERT INTO {table} (idempotency_key, consumer_group, topic, "partition", "offset",
+                                         key, value, headers)
+                    SELECT s.idempotency_key, $2, s.topic, s."partition", s."offset", s.key, s.value, s.headers
+                    FROM staged s JOIN claimed c USING (idempotency_key)""", table, group)
+                inserted = int(status.split()[-1])
+            if handler is not None:
+                await _maybe_await(handler(rows, conn))
+            await self._move_offsets(group, topic, next_offsets, fences)
+            if before_commit is not None:
+                before_commit()
+        return inserted
+
+    async def _move_offsets(self, group, topic, next_offsets, fences) -> None:
+        if not next_offsets:
+            return
+        parts = sorted(next_offsets)
+        status = await self.conn.execute(
+            """UPDATE kdg_offsets o SET next_offset = v.next, updated_at = now()
+               FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS v(p, next, fence)
+               WHERE o.consumer_group = $1 AND o.topic = $2 AND o."partition" = v.p AND o.fence = v.fence""",
+            group, topic, parts, [next_offsets[p] for p in parts], [fences[p] for p in parts])
+        if int(status.split()[-1]) != len(parts):
+            raise Fenced(f"partitions {parts} of {topic} were reassigned; this consumer's batch was rolled back")
+
+    def write_plain(self, table: str, group: str, rows: list[tuple], handler=None, before_commit=None) -> int:
+        """At-most/at-least-once: insert every row (duplicates stay visible) in one transaction."""
+        return self._run(self._write_plain(table, group, rows, handler, before_commit))
+
+    async def _write_plain(self, table, group, rows, handler, before_commit):
+        async with self.conn.transaction():
+            if rows:
+                await self.conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
+                await self.conn.execute(f"""
+                    INSERT INTO {table} (idempotency_key, consumer_group, topic, "partition", "offset",
+                                         key, value, headers)
+                    SELECT idempotency_key, $1, topic, "partition", "offset", key, value, headers
+                    FROM kdg_stage""", group)
+            if handler is not None:
+                await _maybe_await(handler(rows, self.conn))
+            if before_commit is not None:
+                before_commit()
+        return len(rows)
+
+    # -- producer ledger ---------------------------------------------------------------------
+    def start_run(self, run_id, topic: str, guarantee: str) -> None:
+        self._run(self.conn.execute(
+            "INSERT INTO kdg_producer_runs (run_id, topic, guarantee) VALUES ($1, $2, $3)", run_id, topic, guarantee))
+
+    def finish_run(self, run_id, summary: dict) -> None:
+        self._run(self.conn.execute(
+            "UPDATE kdg_producer_runs SET finished_at = now(), summary = $2 WHERE run_id = $1",
+            run_id, json.dumps(summary)))
+
+    def copy_ledger(self, rows: list[tuple]) -> None:
+        if rows:
+            self._run(self.conn.copy_records_to_table("kdg_ledger", records=rows, columns=LEDGER_COLUMNS))
+
+    def fetch(self, sql: str, *args):
+        return self._run(self.conn.fetch(sql, *args))
+
+    def fetchval(self, sql: str, *args):
+        return self._run(self.conn.fetchval(sql, *args))
+
+
+async def _maybe_await(value):
+    if asyncio.iscoroutine(value):
+        return await value
+    return value
+
+
+def sink_row(rec) -> tuple:
+    """A :class:`~kdg.records.Record` (with its key resolved) as a staging row."""
+    headers = json.dumps({k: v.decode("utf-8", "replace") if v is not None else None for k, v in rec.headers})
+    return (rec.idempotency_key, rec.topic, rec.partition, rec.offset, rec.key, rec.value, headers)
