@@ -105,7 +105,7 @@ def produce(
     if as_json:
         print_json(report)
     else:
-        err_console.print(key_value_table(f"produce {topic} ({report.guarantee})", report.to_dict()))
+        console.print(key_value_table(f"produce {topic} ({report.guarantee})", report.to_dict()))
     if report.failed:
         raise CheckFailed(f"{report.failed} record(s) were not delivered")
 
@@ -149,7 +149,8 @@ def consume(
     if as_json:
         print_json(report)
     else:
-        err_console.print(key_value_table(f"consume {topic} → {sink} ({report.guarantee})", report.to_dict()))
+        out = err_console if sink == "stdout" else console  # keep stdout for the records
+        out.print(key_value_table(f"consume {topic} → {sink} ({report.guarantee})", report.to_dict()))
 
 
 @app.command()
