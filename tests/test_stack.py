@@ -8,7 +8,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from conftest import as_json
+from conftest import TEST_BROKER_PORT, TEST_PG_PORT, as_json
 
 from kdg.kafka.admin import describe_topic, ensure_topic
 from kdg.stack import cluster, kafka_node
@@ -66,7 +66,8 @@ def test_doctor_names_the_failing_check(kdg):
 def test_single_broker_stack_and_down_leaves_nothing_running():
     """`--brokers 1`: RF 1 / min ISR 1; `down` stops every process `up` started."""
     state = Path(tempfile.mkdtemp(prefix="kdg-test-single-"))
-    layout = StackLayout(state_dir=state, brokers=1, broker_port=39092, pg_port=35432)
+    layout = StackLayout(state_dir=state, brokers=1, broker_port=TEST_BROKER_PORT + 1000,
+                         pg_port=TEST_PG_PORT + 1000)
     try:
         cluster.up(layout, echo=lambda *a: None)
         ensure_topic(layout.bootstrap_servers, "single", partitions=2)
