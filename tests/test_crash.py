@@ -1,0 +1,105 @@
+"""Crash a consumer (SIGKILL at a named point in its loop), restart it, and audit.
+
+Each guarantee must hold — and the weaker guarantees must show their anomaly, which is how we
+know the kill really fired at a place that matters.
+"""
+
+import base64
+import json
+import signal
+import subprocess
+import sys
+import os
+
+import pytest
+from conftest import as_json
+
+N = 3000
+BATCH = 300
+
+
+def _crash_and_restart(kdg, topic, group, guarantee, point, sink="postgres"):
+    kdg("produce", topic, "-g", "exactly-once", "--count", N, "--size", 50, "--json")
+    args = ["consume", topic, "-G", group, "-g", guarantee, "--sink", sink, "--batch-size", BATCH, "-e", "--json",
+            "--transactional-id", f"tx-{group}"]
+    crashed = kdg(*args, env={"KDG_FAULT": f"{point}@3"}, check=False)
+    assert crashed.returncode == -signal.SIGKILL, f"the fault did not fire: {crashed.stderr}"
+    kdg(*args)
+    audit_args = ["audit", topic, "--json"] + (["--sink", sink] if sink != "postgres" else [])
+    return as_json(kdg(*audit_args))
+
+
+SINKS = ["postgres", "kafka"]
+
+
+def _sink(name, topic):
+    return "postgres" if name == "postgres" else f"kafka:{topic}-out"
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_at_most_once_loses_when_killed_after_commit(kdg, topic, group, sink):
+    audit = _crash_and_restart(kdg, topic, group, "at-most-once", "after-commit-before-process", _sink(sink, topic))
+    assert audit["lost"] > 0, audit
+    assert audit["duplicates"] == 0
+
+
+@pytest.mark.parametrize("sink", SINKS)
+def test_at_least_once_duplicates_when_killed_before_commit(kdg, topic, group, sink):
+    audit = _crash_and_restart(kdg, topic, group, "at-least-once", "after-process-before-commit", _sink(sink, topic))
+    assert audit["duplicates"] > 0, audit
+    assert audit["lost"] == 0
+
+
+@pytest.mark.parametrize("sink", SINKS)
+@pytest.mark.parametrize("point", ["after-poll-before-process", "after-process-before-commit",
+                                   "after-commit-before-process", "during-rebalance"])
+def test_exactly_once_neither_loses_nor_duplicates(kdg, topic, group, sink, point):
+    if point == "during-rebalance":
+        # the first assignment is the only rebalance of a lone consumer
+        kdg("produce", topic, "-g", "exactly-once", "--count", N, "--json")
+        args = ["consume", topic, "-G", group, "-g", "exactly-once", "--sink", _sink(sink, topic), "-e", "--json",
+                "--transactional-id", f"tx-{group}"]
+        assert kdg(*args, env={"KDG_FAULT": point}, check=False).returncode == -signal.SIGKILL
+        kdg(*args)
+        audit = as_json(kdg("audit", topic, "--json", "--sink", _sink(sink, topic)))
+    else:
+        audit = _crash_and_restart(kdg, topic, group, "exactly-once", point, _sink(sink, topic))
+    assert (audit["lost"], audit["duplicates"], audit["unexpected"]) == (0, 0, 0), audit
+    assert audit["processed_unique"] == N
+
+
+def test_group_of_three_with_one_killed_stays_exactly_once(kdg, stack, topic, group):
+    kdg("produce", topic, "-g", "exactly-once", "--count", 9000, "--size", 50, "--json")
+    env = {**os.environ, "KDG_BOOTSTRAP_SERVERS": stack.bootstrap_servers, "KDG_PG_DSN": stack.pg_dsn}
+    env.pop("KDG_FAULT", None)
+    cmd = [sys.executable, "-m", "kdg", "consume", topic, "-G", group, "-g", "exactly-once", "--batch-size", 200,
+           "--idle-timeout", 25, "--json"]
+    procs = [subprocess.Popen(list(map(str, cmd)), env={**env, **({"KDG_FAULT": "after-process-before-commit@4"}
+                                                                  if i == 0 else {})},
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    codes = [p.wait(timeout=240) for p in procs]
+    assert codes[0] == -signal.SIGKILL and codes[1:] == [0, 0], [p.stderr.read() for p in procs]
+    audit = as_json(kdg("audit", topic, "--json"))
+    assert (audit["processed_unique"], audit["lost"], audit["duplicates"]) == (9000, 0, 0), audit
+
+
+def test_bad_payloads_go_to_the_dead_letter_topic_and_the_audit_balances(kdg, topic, group, tmp_path):
+    lines = [json.dumps({"value": f"good {i}"}) for i in range(50)]
+    lines += [json.dumps({"value": base64.b64encode(b"\xff\xfe bad bytes").decode(), "value_b64": True})] * 3
+    lines += [json.dumps({"value": "x" * 2000})] * 2
+    src = tmp_path / "mixed.jsonl"
+    src.write_text("\n".join(lines) + "\n")
+    kdg("produce", topic, "-g", "exactly-once", "--format", "json", "--file", src, "--json")
+    report = as_json(kdg("consume", topic, "-G", group, "-g", "exactly-once", "--max-bytes", 1000, "-e", "--json"))
+    assert (report["processed"], report["dead_lettered"]) == (50, 5)
+    audit = as_json(kdg("audit", topic, "--json"))
+    assert (audit["acked"], audit["processed_unique"], audit["dead_lettered"]) == (55, 50, 5)
+    assert (audit["lost"], audit["duplicates"]) == (0, 0)
+
+
+def test_bad_input_file_sends_nothing(kdg, topic, tmp_path):
+    src = tmp_path / "broken.jsonl"
+    src.write_text(json.dumps({"value": "fine"}) + "\n{not json\n")
+    proc = kdg("produce", topic, "--format", "json", "--file", src, check=False)
+    assert proc.returncode == 2 and "broken.jsonl:2" in proc.stderr
+    assert as_json(kdg("audit", topic, "--json"))["acked"] == 0
