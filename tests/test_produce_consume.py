@@ -1,6 +1,7 @@
 """Produce → consume → audit on the real stack, for every guarantee and sink, without faults."""
 
 import json
+from pathlib import Path
 
 import pytest
 from conftest import as_json
@@ -66,3 +67,22 @@ def test_records_without_key_stop_exactly_once_before_writing(kdg, topic, group,
                        "json:idempotency_key", "--json"))
     assert done["processed"] == 5
     assert as_json(kdg("audit", topic, "--json"))["processed_unique"] == 5
+
+
+def test_handler_runs_inside_the_sink_transaction(kdg, topic, group, conn):
+    import asyncio
+
+    import asyncpg
+
+    kdg("produce", topic, "-g", "exactly-once", "--count", 1200, "--json")
+    kdg("consume", topic, "-G", group, "-g", "exactly-once", "-e", "--batch-size", 500,
+        "--handler", "sample_handler:count_rows", env={"PYTHONPATH": str(Path(__file__).parent)})
+
+    async def total():
+        c = await asyncpg.connect(conn.pg_dsn)
+        try:
+            return await c.fetchval("SELECT sum(n) FROM handler_counts WHERE topic = $1", topic)
+        finally:
+            await c.close()
+
+    assert asyncio.run(total()) == 1200
