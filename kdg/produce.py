@@ -133,10 +133,10 @@ def run_produce(req: ProduceRequest) -> ProduceReport:
 
 def _send_plain(req, producer, ledger, make_id, report) -> None:
     track = ledger.store is not None
+    count_only = lambda err, msg: ledger.outcome("", 0, err, msg)  # noqa: E731  (one callback, no ledger rows)
     for seq, rec in enumerate(req.records):
         key, seq = _stamp(rec, seq, make_id)
-        cb = (lambda err, msg, k=key, s=seq: ledger.outcome(k, s, err, msg)) if track else \
-            (lambda err, msg: ledger.outcome("", 0, err, msg))
+        cb = (lambda err, msg, k=key, s=seq: ledger.outcome(k, s, err, msg)) if track else count_only
         producer.send(req.topic, rec.value, rec.key, rec.headers, rec.partition, on_delivery=cb)
         report.sent += 1
         if report.sent % 1000 == 0:

@@ -2,7 +2,7 @@
 
 import base64
 import json
-import os
+import random
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -16,7 +16,7 @@ SEQ_HEADER = "kdg-seq"
 def uuid7() -> str:
     """A time-ordered UUID (version 7): 48 bits of Unix milliseconds, then random bits."""
     ms = time.time_ns() // 1_000_000
-    rand = int.from_bytes(os.urandom(10), "big")
+    rand = random.getrandbits(80)  # re-seeded after fork; keys need uniqueness, not secrecy
     value = (ms & ((1 << 48) - 1)) << 80 | rand & ((1 << 80) - 1)
     value = (value & ~(0xF << 76)) | (0x7 << 76)          # version 7
     value = (value & ~(0x3 << 62)) | (0x2 << 62)          # RFC 4122 variant
@@ -39,7 +39,7 @@ def id_maker(template: str | None):
     return lambda seq: template.format(seq=seq)
 
 
-@dataclass
+@dataclass(slots=True)
 class Record:
     """A record as kdg moves it; ``headers`` keeps order and allows repeats, as Kafka does."""
 

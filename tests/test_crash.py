@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import os
+import time
 
 import pytest
 from conftest import as_json
@@ -69,14 +70,16 @@ def test_exactly_once_neither_loses_nor_duplicates(kdg, topic, group, sink, poin
 
 
 def test_group_of_three_with_one_killed_stays_exactly_once(kdg, stack, topic, group):
-    kdg("produce", topic, "-g", "exactly-once", "--count", 9000, "--size", 50, "--json")
+    """Three members share the partitions while records still arrive; one is SIGKILLed mid-batch."""
     env = {**os.environ, "KDG_BOOTSTRAP_SERVERS": stack.bootstrap_servers, "KDG_PG_DSN": stack.pg_dsn}
     env.pop("KDG_FAULT", None)
-    cmd = [sys.executable, "-m", "kdg", "consume", topic, "-G", group, "-g", "exactly-once", "--batch-size", 200,
+    cmd = [sys.executable, "-m", "kdg", "consume", topic, "-G", group, "-g", "exactly-once", "--batch-size", 100,
            "--idle-timeout", 25, "--json"]
     procs = [subprocess.Popen(list(map(str, cmd)), env={**env, **({"KDG_FAULT": "after-process-before-commit@4"}
                                                                   if i == 0 else {})},
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(3)]
+    time.sleep(8)  # let the group form, so every member owns a partition when records arrive
+    kdg("produce", topic, "-g", "exactly-once", "--count", 9000, "--size", 50, "--rate", 1500, "--json")
     codes = [p.wait(timeout=240) for p in procs]
     assert codes[0] == -signal.SIGKILL and codes[1:] == [0, 0], [p.stderr.read() for p in procs]
     audit = as_json(kdg("audit", topic, "--json"))

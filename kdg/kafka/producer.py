@@ -45,12 +45,13 @@ class KdgProducer:
             self._call("init_transactions", 60)
 
     def send(self, topic: str, value, key=None, headers=None, partition: int | None = None, on_delivery=None) -> None:
-        kwargs = {"value": value, "key": key, "headers": headers, "on_delivery": on_delivery}
-        if partition is not None:
-            kwargs["partition"] = partition
+        produce = self._producer.produce
         while True:
             try:
-                self._producer.produce(topic, **kwargs)
+                if partition is None:
+                    produce(topic, value, key, headers=headers, on_delivery=on_delivery)
+                else:
+                    produce(topic, value, key, partition, headers=headers, on_delivery=on_delivery)
                 return
             except BufferError:
                 self._producer.poll(0.05)  # queue full: serve delivery reports, then try again

@@ -10,8 +10,11 @@ from kdg.sinks.dead_letters import DeadLetterQueue
 from kdg.store.pg import Store
 
 
+_encode = json.JSONEncoder(separators=(",", ":")).encode
+
+
 def _row(rec, key: str) -> tuple:
-    headers = json.dumps({k: v.decode("utf-8", "replace") if v is not None else None for k, v in rec.headers})
+    headers = _encode({k: v.decode("utf-8", "replace") if v is not None else None for k, v in rec.headers})
     return (key, rec.topic, rec.partition, rec.offset, rec.key, rec.value, headers)
 
 

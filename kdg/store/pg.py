@@ -97,18 +97,17 @@ class Store:
             inserted = 0
             if rows:
                 await conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
+                # ON CONFLICT DO NOTHING also skips a key repeated within the batch: the first
+                # staged copy wins, and only the claimed (key, partition, offset) rows are inserted.
                 status = await conn.execute(f"""
-                    WITH staged AS (
-                        SELECT DISTINCT ON (idempotency_key) * FROM kdg_stage
-                        ORDER BY idempotency_key, "partition", "offset"),
-                    claimed AS (
+                    WITH claimed AS (
                         INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
-                        SELECT $1, idempotency_key, topic, "partition", "offset" FROM staged
-                        ON CONFLICT DO NOTHING RETURNING idempotency_key)
+                        SELECT $1, idempotency_key, topic, "partition", "offset" FROM kdg_stage
+                        ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset")
                     INSERT INTO {table} (idempotency_key, consumer_group, topic, "partition", "offset",
                                          key, value, headers)
                     SELECT s.idempotency_key, $2, s.topic, s."partition", s."offset", s.key, s.value, s.headers
-                    FROM staged s JOIN claimed c USING (idempotency_key)""", table, group)
+                    FROM kdg_stage s JOIN claimed c USING (idempotency_key, "partition", "offset")""", table, group)
                 inserted = int(status.split()[-1])
             if handler is not None:
                 await _maybe_await(handler(rows, conn))
@@ -174,8 +173,3 @@ async def _maybe_await(value):
         return await value
     return value
 
-
-def sink_row(rec) -> tuple:
-    """A :class:`~kdg.records.Record` (with its key resolved) as a staging row."""
-    headers = json.dumps({k: v.decode("utf-8", "replace") if v is not None else None for k, v in rec.headers})
-    return (rec.idempotency_key, rec.topic, rec.partition, rec.offset, rec.key, rec.value, headers)
