@@ -1,6 +1,7 @@
 """The local stack: real brokers and Postgres, checked with Kafka's own admin API."""
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -77,3 +78,4 @@ def test_single_broker_stack_and_down_leaves_nothing_running():
         cluster.down(layout, purge=True)
     leftovers = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True).stdout.split()
     assert leftovers == []
+    shutil.rmtree(state, ignore_errors=True)

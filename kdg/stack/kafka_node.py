@@ -49,11 +49,13 @@ def render_config(layout: StackLayout, node: int) -> str:
     settings = {
         "node.id": node,
         "process.roles": "broker,controller",
-        "listeners": f"PLAINTEXT://{HOST}:{layout.client_port(node)},CONTROLLER://{HOST}:{layout.controller_port(node)}",
-        "advertised.listeners": f"PLAINTEXT://{HOST}:{layout.client_port(node)}",
+        "listeners": f"PLAINTEXT://{HOST}:{layout.client_port(node)},CONTROLLER://{HOST}:{layout.controller_port(node)},"
+                     f"FAULTY://{HOST}:{layout.faulty_port(node)}",
+        "advertised.listeners": f"PLAINTEXT://{HOST}:{layout.client_port(node)},"
+                                f"FAULTY://{HOST}:{layout.proxy_port(node)}",
         "controller.listener.names": "CONTROLLER",
         "inter.broker.listener.name": "PLAINTEXT",
-        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+        "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT,FAULTY:PLAINTEXT",
         "controller.quorum.voters": voters,
         "log.dirs": layout.node_dir(node) / "data",
         "num.partitions": 3,
@@ -113,7 +115,7 @@ def start(layout: StackLayout, node: int) -> int:
     """Start ``node`` unless it runs already; return its pid."""
     if (p := pid(layout, node)) is not None:
         return p
-    for port in (layout.client_port(node), layout.controller_port(node)):
+    for port in (layout.client_port(node), layout.controller_port(node), layout.faulty_port(node)):
         if not procs.port_free(HOST, port):
             raise StackError(f"port {port} for broker {node} is taken by another process "
                              f"(choose other ports with --broker-port)")

@@ -20,7 +20,10 @@ class StackLayout:
     """Ports and paths of one local stack.
 
     Broker ``i`` (1-based) listens for clients on ``broker_port + i - 1`` and for the
-    controller quorum on ``broker_port + 100 + i - 1``.
+    controller quorum on ``broker_port + 100 + i - 1``. A third listener, ``FAULTY`` on
+    ``broker_port + 300 + i - 1``, advertises ``broker_port + 200 + i - 1``: the port where a
+    fault proxy (``kdg chaos``) listens and forwards to it, so clients that bootstrap through
+    the proxy keep talking through it after the first metadata response.
     """
 
     state_dir: Path
@@ -38,6 +41,16 @@ class StackLayout:
 
     def controller_port(self, node: int) -> int:
         return self.broker_port + 100 + node - 1
+
+    def proxy_port(self, node: int) -> int:
+        return self.broker_port + 200 + node - 1
+
+    def faulty_port(self, node: int) -> int:
+        return self.broker_port + 300 + node - 1
+
+    @property
+    def proxy_bootstrap(self) -> str:
+        return ",".join(f"{HOST}:{self.proxy_port(n)}" for n in self.node_ids)
 
     @property
     def bootstrap_servers(self) -> str:
