@@ -7,6 +7,7 @@ import subprocess
 import sys
 import uuid
 
+from kdg.machine import machine  # noqa: F401  (re-exported for the scripts)
 from kdg.paths import default_state_dir
 from kdg.stack import cluster
 
@@ -32,9 +33,3 @@ def fresh_topic(prefix: str) -> str:
 
 def median(values):
     return round(statistics.median(values), 1)
-
-
-def machine() -> str:
-    cpu = next((l.split(":", 1)[1].strip() for l in open("/proc/cpuinfo") if l.startswith("model name")), "?")
-    mem = int(next(l.split()[1] for l in open("/proc/meminfo") if l.startswith("MemTotal"))) // 1024 // 1024
-    return f"{os.cpu_count()} cores ({cpu}), {mem} GiB"

@@ -61,7 +61,7 @@ def read_topic_keys(bootstrap: str, topic: str, extra: dict) -> Counter:
         ends = watermarks(bootstrap, topic, extra)
     except Exception:  # no such topic: nothing was written to it
         return counts
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kdg-audit", "enable.auto.commit": False,
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kdg-audit", "enable.auto.commit": False, "log_level": 2,
                          "isolation.level": "read_committed", **extra})
     todo = {p for p, (low, high) in ends.items() if high > low}
     consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in topic_partitions(bootstrap, topic, extra)])

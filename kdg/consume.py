@@ -164,8 +164,13 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
     consumer = KdgConsumer(policy, req.conn.bootstrap_servers, req.group, req.conn.extra, start,
                            eof=req.exit_at_end)
     owns_offsets = atomic and kind == "postgres"
-    consumer.subscribe(req.topic, on_assign=lambda parts: sink.assign(consumer, parts, atomic),
-                       on_revoke=sink.revoke)
+
+    def on_assign(partitions):
+        chosen = sink.assign(consumer, partitions, atomic)
+        faults.reach("during-rebalance")  # partitions taken (fences bumped), not yet fetching
+        return chosen
+
+    consumer.subscribe(req.topic, on_assign=on_assign, on_revoke=sink.revoke)
     started = last_data = time.monotonic()
     try:
         while True:
@@ -220,8 +225,8 @@ def _handle(msgs, req, policy, atomic, owns_offsets, resolver, consumer, sink, r
         consumer.commit(batch.next_offsets)
     elif owns_offsets:
         consumer.commit_quietly(batch.next_offsets)  # information for lag tools only
-    if atomic:
-        faults.reach("after-commit-before-process")
+    if policy.commit_mode is not CommitMode.BEFORE_PROCESSING:
+        faults.reach("after-commit-before-process")  # committed; the next batch is not processed yet
     report.consumed += len(batch)
     report.batches += 1
     report.processed += len(batch.records)

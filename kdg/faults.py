@@ -1,7 +1,8 @@
 """Named kill points for crash experiments: inert unless ``KDG_FAULT`` names one.
 
 ``KDG_FAULT=after-commit-before-process`` SIGKILLs the process the first time it reaches that
-point; ``KDG_FAULT=after-commit-before-process@3`` the third time. Tests and `kdg chaos` use it
+point; ``KDG_FAULT=after-commit-before-process@3`` the third time; ``…@3:stop`` SIGSTOPs it there
+instead (a paused process: a zombie once its partitions move, when SIGCONT wakes it). Tests and `kdg chaos` use it
 to crash a consumer at an exact place in its loop, as a power cut would.
 """
 
@@ -20,19 +21,20 @@ KILL_POINTS = (
 _hits: dict[str, int] = {}
 
 
-def _armed() -> tuple[str, int] | None:
+def _armed() -> tuple[str, int, signal.Signals] | None:
     spec = os.environ.get("KDG_FAULT")
     if not spec:
         return None
+    spec, _, action = spec.partition(":")
     name, _, nth = spec.partition("@")
-    return name, int(nth or 1)
+    return name, int(nth or 1), signal.SIGSTOP if action == "stop" else signal.SIGKILL
 
 
 def reach(point: str) -> None:
-    """Mark that the code reached ``point``; die here with SIGKILL if the fault is armed for it."""
+    """Mark that the code reached ``point``; die (or pause) here if the fault is armed for it."""
     armed = _armed()
     if armed is None or armed[0] != point:
         return
     _hits[point] = _hits.get(point, 0) + 1
     if _hits[point] == armed[1]:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), armed[2])

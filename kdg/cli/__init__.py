@@ -8,7 +8,7 @@ import sys
 
 import typer
 
-from kdg.cli import stack
+from kdg.cli import chaos, stack
 from kdg.errors import KdgError
 
 app = typer.Typer(
@@ -19,6 +19,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(stack.app, name="stack")
+app.add_typer(chaos.app, name="chaos")
 
 
 def _register() -> None:

@@ -9,7 +9,7 @@ from kdg.errors import ConnectionFailed, DeliveryError, UsageError
 
 
 def admin_client(bootstrap: str, extra: dict | None = None) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 4, **(extra or {})})
+    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 2, **(extra or {})})
 
 
 def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float = 90.0) -> None:
@@ -95,7 +95,7 @@ def describe_broker_config(bootstrap: str, broker_id: int, names: list[str]) -> 
 def watermarks(bootstrap: str, topic: str, extra: dict | None = None,
                isolation: str = "read_committed") -> dict[int, tuple[int, int]]:
     """``{partition: (low, high)}``; under read_committed ``high`` is the last stable offset."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kdg-watermarks",
+    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kdg-watermarks", "log_level": 2,
                          "isolation.level": isolation, "enable.auto.commit": False, **(extra or {})})
     try:
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)

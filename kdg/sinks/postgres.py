@@ -32,7 +32,6 @@ class PostgresSink:
         if not owns_offsets:
             return [TopicPartition(p.topic, p.partition, consumer.initial_offset(p, None)) for p in partitions]
         taken = self.store.acquire_partitions(self.group, self.topic, [p.partition for p in partitions])
-        faults.reach("during-rebalance")
         chosen = []
         for p in partitions:
             fence, stored = taken[p.partition]

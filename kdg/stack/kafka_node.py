@@ -143,3 +143,14 @@ def stop(layout: StackLayout, node: int, *, hard: bool = False) -> bool:
         return False
     procs.stop_pid(p, hard=hard, timeout=60)
     return True
+
+
+def signal(layout: StackLayout, node: int, sig: int) -> bool:
+    """Send ``sig`` (e.g. SIGSTOP / SIGCONT for a pause) to ``node``; False if it is not running."""
+    import os
+
+    p = pid(layout, node)
+    if p is None:
+        return False
+    os.kill(p, sig)
+    return True

@@ -1,0 +1,150 @@
+"""One chaos cell: a fresh topic and group, kdg processes to start and kill, a timeline, an audit."""
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from kdg.settings import Connection
+from kdg.stack.layout import StackLayout
+
+
+@dataclass
+class CellResult:
+    guarantee: str
+    fault: str
+    repetition: int
+    acked: int = 0
+    failed: int = 0
+    processed_unique: int = 0
+    rows: int = 0
+    lost: int = 0
+    duplicates: int = 0
+    unexpected: int = 0
+    produce_msgs_per_s: float = 0.0
+    consume_msgs_per_s: float = 0.0
+    duration_s: float = 0.0
+    verdict: str = ""
+    note: str = ""
+    fault_fired: bool = False
+    timeline: list = field(default_factory=list)
+    progress: list = field(default_factory=list)
+
+
+class Cell:
+    """Runs kdg as real processes for one guarantee × fault × repetition, and records what happened."""
+
+    def __init__(self, layout: StackLayout, guarantee: str, fault: str, repetition: int, messages: int, sink: str):
+        self.layout, self.guarantee, self.fault, self.messages = layout, guarantee, fault, messages
+        tag = uuid.uuid4().hex[:8]
+        self.topic, self.group = f"chaos-{fault}-{tag}", f"chaos-{guarantee}-{tag}"
+        self.sink = "postgres" if sink == "postgres" else f"kafka:{self.topic}-out"
+        self.result = CellResult(guarantee, fault, repetition)
+        self.conn = Connection(layout.bootstrap_servers, layout.pg_dsn)
+        self.started = time.monotonic()
+        self.batch = max(50, messages // 20)
+        self._sampling = False
+        self._procs: list[subprocess.Popen] = []
+
+    # -- timeline ----------------------------------------------------------------------------
+    def now(self) -> float:
+        return round(time.monotonic() - self.started, 2)
+
+    def event(self, text: str) -> None:
+        self.result.timeline.append({"t": self.now(), "event": text})
+
+    # -- processes ---------------------------------------------------------------------------
+    def _env(self, extra: dict | None) -> dict:
+        env = {k: v for k, v in os.environ.items() if k != "KDG_FAULT"}
+        env.update({"KDG_BOOTSTRAP_SERVERS": self.layout.bootstrap_servers, "KDG_PG_DSN": self.layout.pg_dsn})
+        return env | (extra or {})
+
+    def spawn(self, *args, env: dict | None = None) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "kdg", *map(str, args), "--json"], env=self._env(env),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        self._procs.append(proc)
+        return proc
+
+    def produce(self, *extra, guarantee: str | None = None, wait: bool = True):
+        proc = self.spawn("produce", self.topic, "-g", guarantee or self.guarantee, "--count", self.messages,
+                          "--size", 100, *extra)
+        return finish(proc) if wait else proc
+
+    def consume_args(self, *extra) -> list:
+        return ["consume", self.topic, "-G", self.group, "-g", self.guarantee, "--sink", self.sink,
+                "--batch-size", self.batch, "--transactional-id", f"kdg-chaos-{self.group}", *extra]
+
+    def consume(self, *extra, env: dict | None = None) -> subprocess.Popen:
+        return self.spawn(*self.consume_args(*extra), env=env)
+
+    def drain(self) -> dict:
+        """Consume whatever is left, restarting after a dead sink (e.g. Postgres coming back)."""
+        for _ in range(5):
+            proc = self.consume("-e")
+            code, report, err = finish(proc)
+            if code == 0:
+                return report
+            self.event(f"consumer exited {code}; restarting ({err.strip().splitlines()[-1] if err.strip() else ''})")
+            time.sleep(2)
+        return {}
+
+    def stop_all(self) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+    # -- progress ----------------------------------------------------------------------------
+    def start_sampling(self, interval: float = 0.5) -> None:
+        self._sampling = True
+        threading.Thread(target=self._sample, args=(interval,), daemon=True).start()
+
+    def _sample(self, interval: float) -> None:
+        from kdg.store.pg import Store
+
+        try:
+            store = Store(self.layout.pg_dsn)
+        except Exception:  # the store may be restarting; the progress line just has a gap
+            return
+        try:
+            while self._sampling:
+                try:
+                    n = store.fetchval("SELECT count(*) FROM kdg_events WHERE topic = $1", self.topic) \
+                        if self.sink == "postgres" else self._kafka_delivered()
+                    self.result.progress.append({"t": self.now(), "delivered": int(n)})
+                except Exception:
+                    store.close()
+                    time.sleep(interval)
+                    try:
+                        store = Store(self.layout.pg_dsn)
+                    except Exception:
+                        pass
+                time.sleep(interval)
+        finally:
+            try:
+                store.close()
+            except Exception:
+                pass
+
+    def _kafka_delivered(self) -> int:
+        from kdg.kafka.admin import watermarks
+
+        return sum(high - low for low, high in watermarks(self.layout.bootstrap_servers, self.sink[6:]).values())
+
+    def stop_sampling(self) -> None:
+        self._sampling = False
+
+
+def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, dict, str]:
+    """Wait for a kdg process: (exit code, its --json report or {}, stderr)."""
+    import json
+
+    out, err = proc.communicate(timeout=timeout)
+    try:
+        report = json.loads(out) if out.strip() else {}
+    except ValueError:
+        report = {}
+    return proc.returncode, report, err

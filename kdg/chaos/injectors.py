@@ -1,0 +1,174 @@
+"""The faults `kdg chaos run` injects — all real: signals to real processes, a real fault proxy.
+
+Each injector drives one cell from the first record produced to the last one consumed; the
+caller audits afterwards. An injector sets ``cell.result.fault_fired`` only when it saw the
+fault take effect (a process died or stopped, a broker went down, a response was dropped).
+"""
+
+import signal
+import time
+
+from kdg.chaos.cell import Cell, finish
+from kdg.stack import cluster, kafka_node, postgres, procs
+
+CONSUMER_KILL_POINTS = ("after-poll-before-process", "after-process-before-commit", "after-commit-before-process",
+                        "inside-pg-transaction", "during-rebalance")
+
+
+def _record_produce(cell: Cell, report: dict) -> None:
+    cell.result.produce_msgs_per_s = report.get("msgs_per_s", 0.0)
+
+
+def consumer_kill(cell: Cell) -> None:
+    """SIGKILL the consumer at each named kill point in turn, restarting it each time."""
+    _, report, _ = cell.produce()
+    _record_produce(cell, report)
+    for point in CONSUMER_KILL_POINTS:
+        nth = 1 if point == "during-rebalance" else 2
+        # each run reads at most three batches, so records remain for every later kill point
+        code, _, err = finish(cell.consume("-e", "-c", 3 * cell.batch, "-X", f"group.instance.id=chaos-{cell.group}",
+                                           env={"KDG_FAULT": f"{point}@{nth}"}))
+        if code == -signal.SIGKILL:
+            cell.result.fault_fired = True
+            cell.event(f"SIGKILL consumer at {point}")
+        else:
+            cell.event(f"consumer ended ({code}) before reaching {point}")
+
+
+def consumer_pause(cell: Cell) -> None:
+    """SIGSTOP a consumer mid-batch past its session timeout; a second member takes over; SIGCONT the zombie."""
+    from kdg.guarantees import CommitMode, policy_for
+
+    _, report, _ = cell.produce()
+    _record_produce(cell, report)
+    # pause where this policy has work in hand that is not yet committed (or, committing first, not yet done)
+    before = policy_for(cell.guarantee).commit_mode is CommitMode.BEFORE_PROCESSING
+    point = "after-commit-before-process" if before else "after-process-before-commit"
+    zombie = cell.consume("--idle-timeout", 20, env={"KDG_FAULT": f"{point}@2:stop"})
+    deadline = time.monotonic() + 60
+    while procs.process_state(zombie.pid) != "T" and zombie.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if procs.process_state(zombie.pid) != "T":
+        cell.event("consumer never reached its pause point")
+        finish(zombie)
+        return
+    cell.result.fault_fired = True
+    cell.event(f"SIGSTOP consumer at {point}")
+    successor = cell.consume("--idle-timeout", 15)
+    time.sleep(15)  # > session.timeout.ms: the group moves the paused member's partitions
+    zombie.send_signal(signal.SIGCONT)
+    cell.event("SIGCONT: the paused consumer resumes as a zombie")
+    finish(zombie)
+    finish(successor)
+
+
+def _leader_of_partition_0(cell: Cell) -> int:
+    from kdg.kafka.admin import describe_topic
+
+    return describe_topic(cell.layout.bootstrap_servers, cell.topic)["leaders"][0]
+
+
+def _broker_down(cell: Cell, hard: bool) -> None:
+    from kdg.kafka.admin import ensure_topic
+
+    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3)
+    rate = max(200, cell.messages // 8)
+    producer = cell.produce("--rate", rate, wait=False)
+    consumer = cell.consume("--idle-timeout", 20)
+    time.sleep(2)
+    leader = _leader_of_partition_0(cell)
+    if cluster.kill_node(cell.layout, leader, hard=hard):
+        cell.result.fault_fired = True
+        cell.event(f"{'SIGKILL' if hard else 'SIGTERM'} broker {leader} (leader of partition 0)")
+    time.sleep(5)
+    cluster.start_node(cell.layout, leader)
+    cell.event(f"broker {leader} restarted")
+    _, report, _ = finish(producer)
+    _record_produce(cell, report)
+    finish(consumer)
+
+
+def broker_kill(cell: Cell) -> None:
+    """Hard bounce: SIGKILL the partition leader during produce and consume, restart it after 5 s."""
+    _broker_down(cell, hard=True)
+
+
+def broker_bounce(cell: Cell) -> None:
+    """Clean bounce: SIGTERM the partition leader, restart it after 5 s."""
+    _broker_down(cell, hard=False)
+
+
+def postgres_restart(cell: Cell) -> None:
+    """Restart the embedded Postgres while the consumer writes; the consumer is restarted if it dies."""
+    _, report, _ = cell.produce()
+    _record_produce(cell, report)
+    if not cell.sink.startswith("postgres") or not cell.layout.uses_embedded_pg:
+        cell.event("postgres-restart needs the postgres sink on the embedded server; skipped")
+        return
+    consumer = cell.consume("--idle-timeout", 10)
+    deadline = time.monotonic() + 60
+    while not any(p["delivered"] > 0 for p in cell.result.progress) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    postgres.restart(cell.layout, hard=True)
+    cell.result.fault_fired = True
+    cell.event("Postgres killed (SIGKILL) and restarted")
+    code, _, _ = finish(consumer)
+    cell.event(f"consumer exited {code}")
+
+
+def min_isr(cell: Cell) -> None:
+    """Stop brokers until fewer than min.insync.replicas remain; show NotEnoughReplicas; restore."""
+    from confluent_kafka import Producer
+
+    from kdg.kafka.admin import ensure_topic
+
+    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3)
+    survivors = cell.layout.node_ids[:1]
+    stopped = [n for n in cell.layout.node_ids if n not in survivors]
+    for node in stopped:
+        kafka_node.stop(cell.layout, node)
+    cell.event(f"brokers {stopped} stopped cleanly; 1 of 3 replicas left, min.insync.replicas=2")
+    probe = Producer({"bootstrap.servers": cell.layout.bootstrap_servers, "acks": "all", "retries": 0,
+                      "message.timeout.ms": 10_000})
+    errors = []
+    probe.produce(cell.topic, b"probe", on_delivery=lambda err, msg: errors.append(err))
+    probe.flush(15)
+    if errors and errors[0] is not None:
+        cell.result.fault_fired = True
+        cell.event(f"acks=all probe refused: {errors[0].name()}")
+    producer = cell.produce("-X", "delivery.timeout.ms=60000", wait=False)
+    time.sleep(8)
+    for node in stopped:
+        cluster.start_node(cell.layout, node)
+    cell.event(f"brokers {stopped} restarted")
+    _, report, _ = finish(producer)
+    _record_produce(cell, report)
+
+
+def ack_loss(cell: Cell) -> None:
+    """Drop the broker's responses to produce requests on the way back, through the fault proxy."""
+    from kdg.chaos.proxy import FaultProxy
+    from kdg.kafka.admin import ensure_topic
+
+    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3)
+    with FaultProxy(cell.layout) as proxy:
+        proxy.drop_produce_responses(3)
+        cell.event("proxy drops the next 3 produce responses")
+        _, report, _ = cell.produce("-b", cell.layout.proxy_bootstrap, "-X", "request.timeout.ms=2000")
+        _record_produce(cell, report)
+        if proxy.dropped:
+            cell.result.fault_fired = True
+            cell.event(f"{proxy.dropped} produce responses dropped; the producer timed out and retried")
+        else:
+            cell.event("no produce response was dropped (acks=0 has none to lose)")
+
+
+INJECTORS = {
+    "consumer-kill": consumer_kill,
+    "consumer-pause": consumer_pause,
+    "broker-kill": broker_kill,
+    "broker-bounce": broker_bounce,
+    "ack-loss": ack_loss,
+    "postgres-restart": postgres_restart,
+    "min-isr": min_isr,
+}

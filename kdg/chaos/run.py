@@ -1,0 +1,91 @@
+"""`kdg chaos run`: every guarantee × fault, audited, judged by the outcome rules."""
+
+import time
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import Callable
+
+from kdg.audit import run_audit
+from kdg.chaos.cell import Cell, CellResult
+from kdg.chaos.injectors import INJECTORS
+from kdg.errors import UsageError
+from kdg.guarantees import Guarantee, policy_for
+from kdg.machine import machine
+from kdg.stack.layout import StackLayout
+
+
+def verdict(result: CellResult) -> tuple[str, str]:
+    """The outcome rules, read from the policy: what the guarantee promises, and what it allows.
+
+    exactly-once → 0 lost and 0 duplicates; at-least-once → 0 lost; at-most-once → 0 duplicates.
+    """
+    policy = policy_for(result.guarantee)
+    may_lose = policy.acks == "0" or policy.commit_mode.value == "before-processing"
+    may_duplicate = not policy.dedup and not may_lose
+    broken = []
+    if result.lost and not may_lose:
+        broken.append(f"lost: {result.lost}")
+    if result.duplicates and not may_duplicate:
+        broken.append(f"duplicates: {result.duplicates}")
+    if result.unexpected:
+        broken.append(f"unexpected: {result.unexpected}")
+    if broken:
+        return "FAIL", ", ".join(broken) + f" — not allowed by {result.guarantee}"
+    allowed = [f"{name}: {n}" for name, n in (("lost", result.lost), ("duplicates", result.duplicates)) if n]
+    if allowed:
+        return "PASS", ", ".join(allowed) + f", allowed by {result.guarantee}"
+    return "PASS", "nothing lost, nothing duplicated" + ("" if result.fault_fired else " (the fault did not fire)")
+
+
+def run_cell(layout: StackLayout, guarantee: str, fault: str, repetition: int, messages: int,
+             sink: str) -> CellResult:
+    cell = Cell(layout, guarantee, fault, repetition, messages, sink)
+    cell.start_sampling()
+    try:
+        INJECTORS[fault](cell)
+        report = cell.drain()
+        cell.result.consume_msgs_per_s = report.get("msgs_per_s", 0.0)
+    finally:
+        cell.stop_sampling()
+        cell.stop_all()
+    audit = run_audit(cell.topic, cell.conn, sink=cell.sink)
+    for name in ("acked", "failed", "processed_unique", "rows", "lost", "duplicates", "unexpected"):
+        setattr(cell.result, name, getattr(audit, name))
+    cell.result.duration_s = cell.now()
+    cell.result.verdict, cell.result.note = verdict(cell.result)
+    return cell.result
+
+
+def parse_faults(spec: str) -> list[str]:
+    faults = list(INJECTORS) if spec == "all" else [f.strip() for f in spec.split(",") if f.strip()]
+    unknown = [f for f in faults if f not in INJECTORS]
+    if unknown:
+        raise UsageError(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(INJECTORS)}")
+    return faults
+
+
+def parse_guarantees(spec: str) -> list[str]:
+    if spec == "all":
+        return [g.value for g in Guarantee]
+    return [policy_for(g.strip()).guarantee.value for g in spec.split(",")]
+
+
+def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], messages: int, repeat: int,
+              sink: str, on_cell: Callable[[CellResult], None] | None = None) -> dict:
+    """Run the matrix; returns the results document that reports are written from."""
+    if sink not in ("postgres", "kafka"):
+        raise UsageError("--sink must be postgres or kafka")
+    if messages < 100:
+        raise UsageError("--messages must be at least 100, so a batch can die mid-run")
+    results = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+               "messages": messages, "repeat": repeat, "sink": sink, "cells": []}
+    started = time.monotonic()
+    for fault in faults:
+        for guarantee in guarantees:
+            for rep in range(1, repeat + 1):
+                result = run_cell(layout, guarantee, fault, rep, messages, sink)
+                results["cells"].append(asdict(result))
+                if on_cell:
+                    on_cell(result)
+    results["duration_s"] = round(time.monotonic() - started, 1)
+    return results

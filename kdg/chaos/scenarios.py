@@ -1,0 +1,261 @@
+"""`kdg chaos scenario`: the failure stories of kdg's seed documents, replayed step by step.
+
+Each scenario prints what it does and what Kafka and Postgres answered, ends with `kdg audit`,
+and says whether the ending is the one the story predicts.
+"""
+
+import json
+import signal
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from kdg.audit import run_audit
+from kdg.chaos.cell import Cell, finish
+from kdg.errors import UsageError
+from kdg.records import ID_HEADER
+from kdg.stack import cluster, kafka_node
+from kdg.stack.layout import StackLayout
+
+
+@dataclass(frozen=True)
+class Scenario:
+    title: str
+    run: Callable
+
+
+def _say(echo, text: str) -> None:
+    if echo:
+        echo(text)
+
+
+def _audit(cell_or_topic, layout, echo, sink="postgres", table="kdg_events") -> dict:
+    topic = cell_or_topic if isinstance(cell_or_topic, str) else cell_or_topic.topic
+    from kdg.settings import Connection
+
+    report = run_audit(topic, Connection(layout.bootstrap_servers, layout.pg_dsn), sink=sink, table=table)
+    _say(echo, f"  audit {topic}: acked={report.acked} failed={report.failed} unique={report.processed_unique} "
+               f"lost={report.lost} duplicates={report.duplicates} unexpected={report.unexpected}")
+    return report.to_dict()
+
+
+def _crash_story(layout, echo, guarantee: str, point: str) -> dict:
+    cell = Cell(layout, guarantee, "scenario", 1, 2000, "postgres")
+    _say(echo, f"1. produce 2000 records (exactly-once producer, so the topic holds each once) to {cell.topic}")
+    cell.produce(guarantee="exactly-once")
+    _say(echo, f"2. consume under {guarantee}; the consumer is SIGKILLed at '{point}' in its 2nd batch")
+    code, _, _ = finish(cell.consume("-e", env={"KDG_FAULT": f"{point}@2"}))
+    _say(echo, f"   consumer exit status {code} ({'killed' if code == -signal.SIGKILL else 'NOT killed'})")
+    _say(echo, "3. restart the consumer in the same group; it resumes from the committed offsets")
+    finish(cell.consume("-e"))
+    _say(echo, "4. audit: the producer ledger against the sink table")
+    return {"killed": code == -signal.SIGKILL, "audit": _audit(cell, layout, echo)}
+
+
+def commit_before_processing(layout, echo) -> tuple[bool, str, dict]:
+    out = _crash_story(layout, echo, "at-most-once", "after-commit-before-process")
+    a = out["audit"]
+    return out["killed"] and a["lost"] > 0 and a["duplicates"] == 0, f"lost {a['lost']}, duplicates {a['duplicates']}", out
+
+
+def crash_before_commit(layout, echo) -> tuple[bool, str, dict]:
+    out = _crash_story(layout, echo, "at-least-once", "after-process-before-commit")
+    a = out["audit"]
+    return out["killed"] and a["duplicates"] > 0 and a["lost"] == 0, \
+        f"duplicates {a['duplicates']}, lost {a['lost']}", out
+
+
+def ack_lost_duplicate(layout, echo) -> tuple[bool, str, dict]:
+    from kdg.chaos.proxy import FaultProxy
+
+    out = {}
+    for producer_guarantee in ("at-least-once", "exactly-once"):
+        cell = Cell(layout, "at-least-once", "scenario", 1, 1000, "postgres")
+        with FaultProxy(layout) as proxy:
+            proxy.drop_produce_responses(3)
+            _say(echo, f"1. {producer_guarantee} producer through the fault proxy; the broker's answers to 3 produce "
+                       "requests are dropped on the way back")
+            cell.produce("-b", layout.proxy_bootstrap, "-X", "request.timeout.ms=2000", guarantee=producer_guarantee)
+            _say(echo, f"   {proxy.dropped} acknowledgements lost; the producer timed out and sent those batches again")
+            dropped = proxy.dropped
+        _say(echo, "2. consume at-least-once (no consumer-side dedup, so the topic's contents show through)")
+        finish(cell.consume("-e"))
+        out[producer_guarantee] = {"dropped": dropped, "audit": _audit(cell, layout, echo)}
+    plain, idem = out["at-least-once"], out["exactly-once"]
+    ok = plain["dropped"] > 0 and idem["dropped"] > 0 and plain["audit"]["duplicates"] > 0 and \
+        idem["audit"]["duplicates"] == 0
+    return ok, (f"retries without idempotence duplicated {plain['audit']['duplicates']}; "
+                f"the idempotent producer duplicated {idem['audit']['duplicates']}"), out
+
+
+def _raw_produce(layout, topic: str, n: int, acks: str, timeout_ms: int, retries: int | None = None) -> tuple[int, int]:
+    """Produce ``n`` records with plain acks (not a kdg policy) and write kdg's ledger for them.
+
+    Returns (acknowledged, failed); the failures' error names are kept in ``_last_errors``.
+    """
+    from confluent_kafka import Producer
+
+    from kdg.store.pg import Store
+
+    run_id = uuid.uuid4()
+    rows: list[tuple] = []
+    config = {"bootstrap.servers": layout.bootstrap_servers, "acks": acks, "enable.idempotence": False,
+              "message.timeout.ms": timeout_ms, "linger.ms": 5, "log_level": 2}
+    if retries is not None:
+        config["retries"] = retries
+    producer = Producer(config)
+    _last_errors.clear()
+    for seq in range(n):
+        key = f"{topic}-{seq}"
+
+        def done(err, msg, key=key, seq=seq):
+            if err:
+                _last_errors[err.name()] = _last_errors.get(err.name(), 0) + 1
+            rows.append((run_id, key, topic, seq, "failed" if err else "acked", msg.partition(),
+                         None if err else msg.offset(), err.str() if err else None))
+
+        producer.produce(topic, json.dumps({"seq": seq}).encode(), headers=[(ID_HEADER, key.encode())],
+                         on_delivery=done)
+    producer.flush(timeout_ms / 1000 + 10)
+    with Store(layout.pg_dsn) as store:
+        store.copy_ledger(rows)
+    return sum(r[4] == "acked" for r in rows), sum(r[4] == "failed" for r in rows)
+
+
+_last_errors: dict[str, int] = {}
+
+
+def _replicas(layout, topic: str) -> tuple[int, list[int]]:
+    from kdg.kafka.admin import admin_client
+
+    part = admin_client(layout.bootstrap_servers).list_topics(topic, timeout=10).topics[topic].partitions[0]
+    return part.leader, [r for r in part.replicas if r != part.leader]
+
+
+def acks1_leader_loss(layout, echo) -> tuple[bool, str, dict]:
+    from kdg.kafka.admin import ensure_topic
+
+    out = {}
+    for acks in ("1", "all"):
+        topic = f"scenario-acks{acks}-{uuid.uuid4().hex[:6]}"
+        ensure_topic(layout.bootstrap_servers, topic, partitions=1)
+        leader, followers = _replicas(layout, topic)
+        _say(echo, f"1. acks={acks}: topic {topic}, leader broker {leader}, followers {followers}")
+        for f in followers:
+            kafka_node.signal(layout, f, signal.SIGSTOP)
+        _say(echo, f"2. followers {followers} paused (SIGSTOP): they stay in the ISR but copy nothing")
+        acked, failed = _raw_produce(layout, topic, 200, acks, timeout_ms=8000)
+        _say(echo, f"3. produced 200 records: {acked} acknowledged, {failed} failed")
+        kafka_node.stop(layout, leader, hard=True)
+        _say(echo, f"4. leader {leader} SIGKILLed before any follower copied the records")
+        for f in followers:
+            kafka_node.signal(layout, f, signal.SIGCONT)
+        _say(echo, f"5. followers resumed; one of them is elected leader (unclean election stays off)")
+        _wait_leader(layout, topic, exclude=leader)
+        cluster.start_node(layout, leader)
+        _say(echo, f"6. broker {leader} restarted; it truncates its log to the new leader's")
+        time.sleep(3)
+        out[acks] = _audit(topic, layout, echo, sink=f"kafka:{topic}")
+    ok = out["1"]["lost"] > 0 and out["all"]["lost"] == 0
+    return ok, f"acks=1 lost {out['1']['lost']} acknowledged records; acks=all lost {out['all']['lost']}", out
+
+
+def _wait_leader(layout, topic: str, exclude: int, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            leader, _ = _replicas(layout, topic)
+            if leader not in (-1, exclude):
+                return
+        except Exception:  # metadata may be unavailable while the quorum recovers
+            pass
+        time.sleep(0.5)
+
+
+def not_enough_replicas(layout, echo) -> tuple[bool, str, dict]:
+    from kdg.kafka.admin import ensure_topic
+
+    topic = f"scenario-minisr-{uuid.uuid4().hex[:6]}"
+    ensure_topic(layout.bootstrap_servers, topic, partitions=1)
+    leader, followers = _replicas(layout, topic)
+    for f in followers:
+        kafka_node.stop(layout, f)
+    _say(echo, f"1. brokers {followers} stopped: 1 replica left, min.insync.replicas=2")
+    acked_all, failed_all = _raw_produce(layout, topic, 50, "all", timeout_ms=6000, retries=0)
+    errors = dict(_last_errors)
+    _say(echo, f"2. acks=all, no retries: {acked_all} acknowledged, {failed_all} refused with {errors} — "
+               "back-pressure the producer sees, not silent loss")
+    acked_one, failed_one = _raw_produce(layout, topic, 50, "1", timeout_ms=6000)
+    _say(echo, f"3. acks=1: {acked_one} acknowledged by a lone replica — min.insync.replicas only guards acks=all")
+    for f in followers:
+        cluster.start_node(layout, f)
+    _say(echo, f"4. brokers {followers} restarted")
+    out = {"acks_all": {"acked": acked_all, "failed": failed_all, "errors": errors},
+           "acks_1": {"acked": acked_one, "failed": failed_one}}
+    refused = errors.get("NOT_ENOUGH_REPLICAS", 0) + errors.get("NOT_ENOUGH_REPLICAS_AFTER_APPEND", 0)
+    return refused == 50 and acked_one == 50, f"acks=all refused {failed_all}/50, acks=1 accepted {acked_one}/50", out
+
+
+def seed_consumers(layout, echo) -> tuple[bool, str, dict]:
+    """The first seed's three consumers: commit first, commit after, and Postgres idempotency keys."""
+    from kdg.kafka.admin import ensure_topic
+
+    topic = f"scenario-seed-{uuid.uuid4().hex[:6]}"
+    ensure_topic(layout.bootstrap_servers, topic, partitions=1)
+    _say(echo, f"1. 1000 JSON messages with an 'idempotency_key' field (no kdg-id header) to {topic}")
+    from confluent_kafka import Producer
+
+    from kdg.store.pg import Store
+
+    run_id, rows = uuid.uuid4(), []
+    producer = Producer({"bootstrap.servers": layout.bootstrap_servers, "acks": "all", "log_level": 2})
+    for seq in range(1000):
+        key = str(uuid.uuid4())
+        producer.produce(topic, json.dumps({"idempotency_key": key, "message": f"m{seq}"}).encode())
+        rows.append((run_id, key, topic, seq, "acked", 0, None, None))
+    producer.flush(30)
+    with Store(layout.pg_dsn) as store:
+        store.copy_ledger(rows)
+    out = {}
+    for guarantee, point in (("at-most-once", "after-commit-before-process"),
+                             ("at-least-once", "after-process-before-commit"),
+                             ("exactly-once", "after-process-before-commit")):
+        table = "seed_" + guarantee.replace("-", "_")
+        cell = Cell(layout, guarantee, "scenario", 1, 1000, "postgres")
+        cell.topic = topic
+        args = ["--table", table, "--id-from", "json:idempotency_key", "-e"]
+        _say(echo, f"2. {guarantee} consumer into table {table}, SIGKILLed at '{point}', then restarted")
+        finish(cell.consume(*args, env={"KDG_FAULT": f"{point}@2"}))
+        finish(cell.consume(*args))
+        out[guarantee] = _audit(topic, layout, echo, table=table)
+    ok = out["at-most-once"]["lost"] > 0 and out["at-least-once"]["duplicates"] > 0 and \
+        out["exactly-once"]["lost"] == 0 and out["exactly-once"]["duplicates"] == 0
+    return ok, ("at-most-once lost {}, at-least-once duplicated {}, exactly-once lost {} and duplicated {}"
+                .format(out["at-most-once"]["lost"], out["at-least-once"]["duplicates"],
+                        out["exactly-once"]["lost"], out["exactly-once"]["duplicates"])), out
+
+
+SCENARIOS = {
+    "ack-lost-duplicate": Scenario("a lost acknowledgement makes a retry duplicate; the idempotent producer does not",
+                                   ack_lost_duplicate),
+    "commit-before-processing": Scenario("committing before processing loses a batch when the consumer dies",
+                                         commit_before_processing),
+    "crash-before-commit": Scenario("crashing after processing, before the commit, processes a batch twice",
+                                    crash_before_commit),
+    "acks1-leader-loss": Scenario("acks=1 loses acknowledged writes when the leader dies before replicating; "
+                                  "acks=all does not", acks1_leader_loss),
+    "not-enough-replicas": Scenario("below min.insync.replicas, acks=all producers are refused, not silently lost",
+                                    not_enough_replicas),
+    "seed-consumers": Scenario("the first seed's three consumers, the last with a Postgres idempotency key",
+                               seed_consumers),
+}
+
+
+def run_scenario(layout: StackLayout, name: str, echo=print) -> dict:
+    if name not in SCENARIOS:
+        raise UsageError(f"unknown scenario {name!r}; `kdg chaos scenario --list` names them")
+    _say(echo, f"== {name}: {SCENARIOS[name].title}")
+    ok, ending, details = SCENARIOS[name].run(layout, echo)
+    _say(echo, f"ending: {ending} — {'as the story predicts' if ok else 'NOT as expected'}")
+    return {"scenario": name, "as_expected": ok, "ending": ending, "details": details}

@@ -1,0 +1,86 @@
+"""`kdg chaos run | scenario`: real faults on the local cluster, and whether each guarantee held."""
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from kdg.cli.options import Json, StateDir
+from kdg.cli.render import console, err_console, print_json
+from kdg.errors import CheckFailed
+
+app = typer.Typer(help="Inject real faults and show each guarantee hold or break.", no_args_is_help=True)
+
+
+def _layout(state_dir):
+    from kdg.paths import default_state_dir
+    from kdg.stack.cluster import resolve_layout, status
+
+    layout = resolve_layout(state_dir or default_state_dir())
+    if not status(layout, with_quorum=False).healthy:
+        raise CheckFailed("the local stack is not fully up: run `kdg stack up` first (chaos kills its processes)")
+    return layout
+
+
+@app.command()
+def run(
+    guarantee: Annotated[str, typer.Option("--guarantee", "-g", help="all, or one or more guarantees, comma-separated.")] = "all",
+    faults: Annotated[str, typer.Option(help="all, or a comma-separated list of: consumer-kill, consumer-pause, "
+                                             "broker-kill, broker-bounce, ack-loss, postgres-restart, min-isr.")] = "all",
+    messages: Annotated[int, typer.Option(help="Records produced per cell.")] = 2000,
+    repeat: Annotated[int, typer.Option(help="Repetitions per cell.")] = 1,
+    sink: Annotated[str, typer.Option(help="postgres or kafka.")] = "postgres",
+    report: Annotated[Optional[Path], typer.Option(help="Write index.html, PNG charts and results.json here.")] = None,
+    state_dir: StateDir = None,
+    as_json: Json = False,
+) -> None:
+    """Each guarantee × fault: produce, consume through the fault, audit; PASS/FAIL by the outcome rules."""
+    from kdg.chaos.run import parse_faults, parse_guarantees, run_chaos
+
+    layout = _layout(state_dir)
+
+    def show(cell):
+        if not as_json:
+            style = "ok" if cell.verdict == "PASS" else "bad"
+            err_console.print(f"[{style}]{cell.verdict}[/{style}] {cell.guarantee} × {cell.fault} "
+                              f"#{cell.repetition}: {cell.note}")
+
+    results = run_chaos(layout, guarantees=parse_guarantees(guarantee), faults=parse_faults(faults),
+                        messages=messages, repeat=repeat, sink=sink, on_cell=show)
+    if report is not None:
+        from kdg.chaos.report import write_report
+
+        results["report"] = str(write_report(results, report))
+    if as_json:
+        print_json(results)
+    else:
+        from kdg.chaos.report import summary_table
+
+        console.print(summary_table(results))
+        if report is not None:
+            console.print(f"report: {results['report']}")
+    failed = [c for c in results["cells"] if c["verdict"] != "PASS"]
+    if failed:
+        raise CheckFailed(f"{len(failed)} cell(s) broke their guarantee")
+
+
+@app.command()
+def scenario(
+    name: Annotated[Optional[str], typer.Argument(help="The scenario to replay (see --list).")] = None,
+    list_: Annotated[bool, typer.Option("--list", help="Name the scenarios.")] = False,
+    state_dir: StateDir = None,
+    as_json: Json = False,
+) -> None:
+    """Replay a failure story of the seed documents step by step on the real cluster."""
+    from kdg.chaos.scenarios import SCENARIOS, run_scenario
+
+    if list_ or name is None:
+        for key, sc in SCENARIOS.items():
+            console.print(f"[key]{key}[/key]  {sc.title}")
+        return
+    layout = _layout(state_dir)
+    result = run_scenario(layout, name, echo=None if as_json else console.print)
+    if as_json:
+        print_json(result)
+    if not result["as_expected"]:
+        raise CheckFailed(f"scenario {name} did not end as expected: {result['ending']}")
