@@ -53,7 +53,7 @@ class ConsumeReport:
     duplicates_suppressed: int = 0
     dead_lettered: int = 0
     batches: int = 0
-    fenced_batches: int = 0
+    fenced_batches: int = 0          # batches refused because this member had lost their partitions
     duration_s: float = 0.0
     msgs_per_s: float = 0.0
     stopped_by: str = ""
@@ -204,7 +204,9 @@ def _handle(msgs, req, policy, atomic, owns_offsets, resolver, consumer, sink, r
     faults.reach("after-poll-before-process")
     batch = _sort(msgs, resolver, req, must_have_key=policy.dedup)
     if policy.commit_mode is CommitMode.BEFORE_PROCESSING:
-        consumer.commit(batch.next_offsets)
+        if not consumer.commit(batch.next_offsets):
+            report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
+            return
         faults.reach("after-commit-before-process")
     try:
         result = sink.write(batch, atomic=atomic)

@@ -30,6 +30,7 @@ class CellResult:
     verdict: str = ""
     note: str = ""
     fault_fired: bool = False
+    zombie_refused_batches: int = 0
     timeline: list = field(default_factory=list)
     progress: list = field(default_factory=list)
 

@@ -37,13 +37,9 @@ def consumer_kill(cell: Cell) -> None:
 
 def consumer_pause(cell: Cell) -> None:
     """SIGSTOP a consumer mid-batch past its session timeout; a second member takes over; SIGCONT the zombie."""
-    from kdg.guarantees import CommitMode, policy_for
-
     _, report, _ = cell.produce()
     _record_produce(cell, report)
-    # pause where this policy has work in hand that is not yet committed (or, committing first, not yet done)
-    before = policy_for(cell.guarantee).commit_mode is CommitMode.BEFORE_PROCESSING
-    point = "after-commit-before-process" if before else "after-process-before-commit"
+    point = "after-poll-before-process"  # a batch in hand, nothing of it written or committed
     zombie = cell.consume("--idle-timeout", 20, env={"KDG_FAULT": f"{point}@2:stop"})
     deadline = time.monotonic() + 60
     while procs.process_state(zombie.pid) != "T" and zombie.poll() is None and time.monotonic() < deadline:
@@ -58,7 +54,9 @@ def consumer_pause(cell: Cell) -> None:
     time.sleep(15)  # > session.timeout.ms: the group moves the paused member's partitions
     zombie.send_signal(signal.SIGCONT)
     cell.event("SIGCONT: the paused consumer resumes as a zombie")
-    finish(zombie)
+    _, zreport, _ = finish(zombie)
+    cell.event(f"zombie ended; batches refused after losing its partitions: {zreport.get('fenced_batches', '?')}")
+    cell.result.zombie_refused_batches = zreport.get("fenced_batches", 0)
     finish(successor)
 
 

@@ -16,6 +16,10 @@ TUNING = {
 }
 
 
+_REBALANCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
+               KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST, KafkaError._NO_OFFSET}
+
+
 class StartOffset:
     """``-o``: beginning | end | stored | N | s@TIMESTAMP_MS."""
 
@@ -116,15 +120,23 @@ class KdgConsumer:
     def at_end(self) -> bool:
         return bool(self.assigned) and self.assigned <= self.eof_partitions
 
-    def commit(self, next_offsets: dict[tuple[str, int], int]) -> None:
-        """Synchronously commit ``{(topic, partition): next_offset}``."""
+    def commit(self, next_offsets: dict[tuple[str, int], int]) -> bool:
+        """Synchronously commit ``{(topic, partition): next_offset}``.
+
+        False when the group has moved on (this member lost its partitions in a rebalance): the
+        offsets were not committed, and the partitions' new owner reads from the last commit.
+        """
         if not next_offsets:
-            return
+            return True
         tps = [TopicPartition(t, p, o) for (t, p), o in next_offsets.items()]
         try:
             self._consumer.commit(offsets=tps, asynchronous=False)
+            return True
         except KafkaException as exc:
-            raise DeliveryError(f"offset commit failed: {exc.args[0].str()}") from exc
+            err = exc.args[0]
+            if err.code() in _REBALANCED:
+                return False
+            raise DeliveryError(f"offset commit failed: {err.str()}") from exc
 
     def commit_quietly(self, next_offsets: dict[tuple[str, int], int]) -> None:
         """Asynchronously commit offsets that are informational only (for lag tools)."""
