@@ -123,17 +123,20 @@ def start(layout: StackLayout, node: int) -> int:
     return procs.start_detached(cmd, log=layout.node_dir(node) / "stdout.log", pidfile=pidfile(layout, node))
 
 
-def wait_listening(layout: StackLayout, node: int, timeout: float = 90.0) -> None:
+def wait_listening(layout: StackLayout, node: int, timeout: float = 240.0) -> None:
+    """Wait for the client port. After a SIGKILL a broker first recovers its logs, which takes a while."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if procs.port_open(HOST, layout.client_port(node)):
             return
         if not is_running(layout, node):
-            break
+            raise StackError(f"broker {node} exited while starting; last lines of {server_log(layout, node)}:\n"
+                             f"{procs.tail(server_log(layout, node))}\n"
+                             f"{procs.tail(layout.node_dir(node) / 'stdout.log', 10)}")
         time.sleep(0.2)
-    raise StackError(f"broker {node} did not start listening on port {layout.client_port(node)}; "
-                     f"last lines of {server_log(layout, node)}:\n{procs.tail(server_log(layout, node))}\n"
-                     f"{procs.tail(layout.node_dir(node) / 'stdout.log', 10)}")
+    raise StackError(f"broker {node} did not listen on port {layout.client_port(node)} within {timeout:.0f}s "
+                     f"(still running: pid {pid(layout, node)}); last lines of {server_log(layout, node)}:\n"
+                     f"{procs.tail(server_log(layout, node))}")
 
 
 def stop(layout: StackLayout, node: int, *, hard: bool = False) -> bool:
