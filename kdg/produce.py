@@ -151,42 +151,62 @@ def _send_plain(req, producer, ledger, make_id, report) -> None:
 
 
 def _send_transactional(req, producer, ledger, make_id, report) -> None:
-    """Records go out in transactions of ``txn_size`` records or ``txn_interval_ms``, whichever comes first.
+    """Records go out as they come, inside a transaction committed every ``txn_size`` records or
+    ``txn_interval_ms``, whichever comes first.
 
-    A transaction Kafka makes us abort is re-sent whole; its delivery reports only count once it commits.
+    A transaction Kafka makes us abort is re-sent whole; delivery reports only count once it commits.
     """
-    batch: list[tuple[Record, str, int]] = []
-    deadline = time.monotonic() + req.txn_interval_ms / 1000
+    txn = _Transaction(req, producer, ledger, report)
     for seq, rec in enumerate(req.records):
         key, seq = _stamp(rec, seq, make_id)
-        if not batch:
-            deadline = time.monotonic() + req.txn_interval_ms / 1000
-        batch.append((rec, key, seq))
-        if len(batch) >= req.txn_size or time.monotonic() >= deadline:
-            _commit_batch(req, producer, ledger, batch, report)
-            batch = []
-    if batch:
-        _commit_batch(req, producer, ledger, batch, report)
+        txn.add(rec, key, seq)
+        if len(txn.records) >= req.txn_size or time.monotonic() >= txn.deadline:
+            txn.commit()
+    if txn.records:
+        txn.commit()
 
 
-def _commit_batch(req, producer, ledger, batch, report) -> None:
-    for attempt in range(MAX_TXN_RETRIES):
-        outcomes: list[tuple] = []
-        producer.begin()
-        try:
-            for rec, key, seq in batch:
-                producer.send(req.topic, rec.value, rec.key, rec.headers, rec.partition,
-                              on_delivery=lambda err, msg, k=key, s=seq: outcomes.append((k, s, err, msg)))
-            producer.commit()
-        except TransactionAborted:
-            producer.abort()
-            report.aborted_transactions += 1
-            continue
-        for outcome in outcomes:
-            ledger.outcome(*outcome)
-        report.sent += len(batch)
-        report.transactions += 1
-        if req.progress:
-            req.progress(report.sent)
-        return
-    raise DeliveryError(f"a transaction was aborted {MAX_TXN_RETRIES} times in a row; stopping")
+class _Transaction:
+    """The open transaction: its records (kept to re-send after an abort) and their delivery reports."""
+
+    def __init__(self, req, producer, ledger, report):
+        self.req, self.producer, self.ledger, self.report = req, producer, ledger, report
+        self.track = ledger.store is not None
+        self.records: list[tuple[Record, str, int]] = []
+        self.outcomes: list[tuple] = []
+        self.deadline = 0.0
+        self._count_only = lambda err, msg: self.outcomes.append(("", 0, err, msg))
+
+    def add(self, rec: Record, key: str, seq: int) -> None:
+        if not self.records:
+            self.producer.begin()
+            self.deadline = time.monotonic() + self.req.txn_interval_ms / 1000
+        self.records.append((rec, key, seq))
+        self._send(rec, key, seq)
+
+    def _send(self, rec: Record, key: str, seq: int) -> None:
+        outcomes = self.outcomes
+        cb = (lambda err, msg, k=key, s=seq: outcomes.append((k, s, err, msg))) if self.track else self._count_only
+        self.producer.send(self.req.topic, rec.value, rec.key, rec.headers, rec.partition, on_delivery=cb)
+
+    def commit(self) -> None:
+        for attempt in range(MAX_TXN_RETRIES):
+            try:
+                self.producer.commit()
+                break
+            except TransactionAborted:
+                self.producer.abort()
+                self.report.aborted_transactions += 1
+                self.outcomes.clear()
+                self.producer.begin()
+                for rec, key, seq in self.records:
+                    self._send(rec, key, seq)
+        else:
+            raise DeliveryError(f"a transaction was aborted {MAX_TXN_RETRIES} times in a row; stopping")
+        for outcome in self.outcomes:
+            self.ledger.outcome(*outcome)
+        self.report.sent += len(self.records)
+        self.report.transactions += 1
+        self.records, self.outcomes = [], []
+        if self.req.progress:
+            self.req.progress(self.report.sent)
