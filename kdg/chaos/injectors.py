@@ -152,7 +152,8 @@ def ack_loss(cell: Cell) -> None:
     with FaultProxy(cell.layout) as proxy:
         proxy.drop_produce_responses(3)
         cell.event("proxy drops the next 3 produce responses")
-        _, report, _ = cell.produce("-b", cell.layout.proxy_bootstrap, "-X", "request.timeout.ms=2000")
+        _, report, _ = cell.produce("-b", cell.layout.proxy_bootstrap,
+                                    "-X", "request.timeout.ms=2000", "-X", "socket.timeout.ms=3000")
         _record_produce(cell, report)
         if proxy.dropped:
             cell.result.fault_fired = True

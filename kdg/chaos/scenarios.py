@@ -76,7 +76,8 @@ def ack_lost_duplicate(layout, echo) -> tuple[bool, str, dict]:
             proxy.drop_produce_responses(3)
             _say(echo, f"1. {producer_guarantee} producer through the fault proxy; the broker's answers to 3 produce "
                        "requests are dropped on the way back")
-            cell.produce("-b", layout.proxy_bootstrap, "-X", "request.timeout.ms=2000", guarantee=producer_guarantee)
+            cell.produce("-b", layout.proxy_bootstrap, "-X", "request.timeout.ms=2000", "-X", "socket.timeout.ms=3000",
+                         guarantee=producer_guarantee)
             _say(echo, f"   {proxy.dropped} acknowledgements lost; the producer timed out and sent those batches again")
             dropped = proxy.dropped
         _say(echo, "2. consume at-least-once (no consumer-side dedup, so the topic's contents show through)")
