@@ -1,0 +1,147 @@
+"""The chaos report: a rich table for the terminal; an HTML page, PNG charts and raw JSON for people.
+
+Charts are drawn with matplotlib's Agg backend (imported only when a report is written).
+"""
+
+import base64
+import html
+import json
+from collections import defaultdict
+from pathlib import Path
+from statistics import median
+
+from rich.table import Table
+
+
+def _label(cell: dict) -> str:
+    return f"{cell['guarantee']}\n{cell['fault']}"
+
+
+def _by_cell(results: dict) -> dict[tuple[str, str], list[dict]]:
+    groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
+    for cell in results["cells"]:
+        groups[(cell["guarantee"], cell["fault"])].append(cell)
+    return groups
+
+
+def summary_table(results: dict) -> Table:
+    """One row per guarantee × fault, repetitions summed; verdict styled with the theme's ok/bad."""
+    table = Table(title=f"kdg chaos — {results['messages']} messages × {results['repeat']} rep(s), "
+                        f"sink {results['sink']}", title_justify="left")
+    for col in ("guarantee", "fault", "reps", "lost", "duplicates", "verdict", "note"):
+        table.add_column(col)
+    for (guarantee, fault), cells in _by_cell(results).items():
+        ok = all(c["verdict"] == "PASS" for c in cells)
+        style = "ok" if ok else "bad"
+        notes = "; ".join(sorted({c["note"] for c in cells}))
+        table.add_row(guarantee, fault, str(len(cells)), str(sum(c["lost"] for c in cells)),
+                      str(sum(c["duplicates"] for c in cells)), f"[{style}]{'PASS' if ok else 'FAIL'}[/{style}]", notes)
+    return table
+
+
+def _anomalies_chart(results: dict, path: Path, plt) -> None:
+    groups = _by_cell(results)
+    labels = [f"{g}\n{f}" for g, f in groups]
+    lost = [sum(c["lost"] for c in cells) for cells in groups.values()]
+    dups = [sum(c["duplicates"] for c in cells) for cells in groups.values()]
+    fig, ax = plt.subplots(figsize=(max(8, len(labels) * 0.9), 5))
+    xs = range(len(labels))
+    ax.bar([x - 0.2 for x in xs], lost, width=0.4, label="lost", color="#c0392b")
+    ax.bar([x + 0.2 for x in xs], dups, width=0.4, label="duplicated", color="#e67e22")
+    ax.set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=7)
+    ax.set_ylabel("records (summed over repetitions)")
+    ax.set_title("Lost and duplicated records per guarantee × fault")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _throughput_chart(results: dict, path: Path, plt) -> None:
+    per: dict[str, dict[str, list[float]]] = defaultdict(lambda: {"produce": [], "consume": []})
+    for c in results["cells"]:
+        if c["produce_msgs_per_s"]:
+            per[c["guarantee"]]["produce"].append(c["produce_msgs_per_s"])
+        if c["consume_msgs_per_s"]:
+            per[c["guarantee"]]["consume"].append(c["consume_msgs_per_s"])
+    names = list(per)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    xs = range(len(names))
+    for offset, kind, color in ((-0.2, "produce", "#2980b9"), (0.2, "consume", "#27ae60")):
+        ax.bar([x + offset for x in xs], [median(per[n][kind]) if per[n][kind] else 0 for n in names],
+               width=0.4, label=kind, color=color)
+    ax.set_xticks(list(xs), names)
+    ax.set_ylabel("msgs/s (median over cells, under faults)")
+    ax.set_title("Throughput per guarantee")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _timeline_chart(results: dict, path: Path, plt) -> None:
+    cells = [c for c in results["cells"] if c["repetition"] == 1]
+    cols = 3
+    rows = max(1, -(-len(cells) // cols))
+    fig, axes = plt.subplots(rows, cols, figsize=(12, 2.6 * rows), squeeze=False)
+    for ax, cell in zip([a for row in axes for a in row], cells):
+        pts = cell.get("progress") or []
+        ax.plot([p["t"] for p in pts], [p["delivered"] for p in pts], color="#2c3e50", lw=1.2)
+        for ev in cell.get("timeline", []):
+            ax.axvline(ev["t"], color="#c0392b", lw=0.8, ls="--")
+        ax.set_title(f"{cell['guarantee']} × {cell['fault']} — {cell['verdict']}", fontsize=8)
+        ax.tick_params(labelsize=7)
+        ax.set_xlabel("s", fontsize=7)
+    for ax in [a for row in axes for a in row][len(cells):]:
+        ax.axis("off")
+    fig.suptitle("Rows delivered to the sink over time; dashed lines are fault events")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _img(path: Path, alt: str) -> str:
+    data = base64.b64encode(path.read_bytes()).decode()
+    return f'<img alt="{html.escape(alt)}" src="data:image/png;base64,{data}">'
+
+
+def _html(results: dict, charts: dict[str, Path]) -> str:
+    e = html.escape
+    rows = []
+    for c in results["cells"]:
+        cls = "pass" if c["verdict"] == "PASS" else "fail"
+        events = "<br>".join(f"{ev['t']:.1f}s {e(ev['event'])}" for ev in c.get("timeline", []))
+        rows.append(f"<tr class={cls}><td>{e(c['guarantee'])}</td><td>{e(c['fault'])}</td><td>{c['repetition']}</td>"
+                    f"<td>{c['acked']}</td><td>{c['lost']}</td><td>{c['duplicates']}</td>"
+                    f"<td>{e(c['verdict'])}</td><td>{e(c['note'])}</td><td class=ev>{events}</td></tr>")
+    imgs = "".join(f"<h2>{e(title)}</h2>{_img(path, title)}" for title, path in charts.items())
+    return f"""<!doctype html><html><head><meta charset="utf-8"><title>kdg chaos report</title><style>
+body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}} table{{border-collapse:collapse;font-size:13px}}
+td,th{{border:1px solid #ccc;padding:4px 6px;vertical-align:top}} tr.pass td{{background:#eafaf1}}
+tr.fail td{{background:#fdedec}} td.ev{{font-size:11px;color:#555}} img{{max-width:100%}}</style></head><body>
+<h1>kdg chaos report</h1>
+<p>{e(str(results['started_at']))} · {e(str(results['machine']))} · {results['messages']} messages per cell ·
+{results['repeat']} repetition(s) · sink {e(str(results['sink']))}</p>
+<p>Rules: exactly-once → 0 lost and 0 duplicates; at-least-once → 0 lost; at-most-once → 0 duplicates.</p>
+<table><tr><th>guarantee</th><th>fault</th><th>rep</th><th>acked</th><th>lost</th><th>duplicates</th>
+<th>verdict</th><th>note</th><th>timeline</th></tr>{''.join(rows)}</table>{imgs}</body></html>"""
+
+
+def write_report(results: dict, out_dir: Path) -> Path:
+    """Write results.json, three PNG charts and a self-contained index.html; return the page's path."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    charts = {"Lost and duplicated per cell": out_dir / "anomalies.png",
+              "Throughput per guarantee": out_dir / "throughput.png",
+              "Fault timeline against delivered rows": out_dir / "timeline.png"}
+    _anomalies_chart(results, charts["Lost and duplicated per cell"], plt)
+    _throughput_chart(results, charts["Throughput per guarantee"], plt)
+    _timeline_chart(results, charts["Fault timeline against delivered rows"], plt)
+    page = out_dir / "index.html"
+    page.write_text(_html(results, charts))
+    return page
