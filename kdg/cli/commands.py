@@ -32,6 +32,14 @@ def _progress(label: str, total: int | None, enabled: bool):
     return bar, (lambda n: bar.update(task, completed=n))
 
 
+def _run_with_bar(bar, run, req):
+    """Call ``run(req)`` with the progress bar (if any) live on stderr."""
+    if bar is None:
+        return run(req)
+    with bar:
+        return run(req)
+
+
 @app.command()
 def policy(
     guarantee: Annotated[Optional[str], typer.Argument(help="One guarantee; all three if omitted.")] = None,
@@ -97,11 +105,7 @@ def produce(
                          ledger=not no_ledger, id_template=id_template, txn_size=txn_size,
                          txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
                          partitions=partitions, progress=progress)
-    if bar:
-        with bar:
-            report = run_produce(req)
-    else:
-        report = run_produce(req)
+    report = _run_with_bar(bar, run_produce, req)
     if as_json:
         print_json(report)
     else:
@@ -141,11 +145,7 @@ def consume(
                          sink=sink, table=table, fmt=fmt, id_from=id_from, count=count, exit_at_end=exit_at_end,
                          idle_timeout=idle_timeout, start=offset, batch_size=batch_size, max_bytes=max_bytes,
                          handler=handler, transactional_id=transactional_id, progress=progress)
-    if bar:
-        with bar:
-            report = run_consume(req)
-    else:
-        report = run_consume(req)
+    report = _run_with_bar(bar, run_consume, req)
     if as_json:
         print_json(report)
     else:
