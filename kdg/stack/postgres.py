@@ -99,6 +99,7 @@ def start(layout: StackLayout, timeout: float = 60.0) -> int:
     init(layout)
     if not procs.port_free(HOST, layout.pg_port):
         raise StackError(f"port {layout.pg_port} for PostgreSQL is taken by another process (choose --pg-port)")
+    _remove_stale_lock(layout)
     user = _run_as()
     if user:
         _chown_tree(layout.pg_dir, user)
@@ -115,6 +116,21 @@ def start(layout: StackLayout, timeout: float = 60.0) -> int:
             break
         time.sleep(0.2)
     raise StackError(f"PostgreSQL did not start; last lines of {log_path(layout)}:\n{procs.tail(log_path(layout))}")
+
+
+def _remove_stale_lock(layout: StackLayout) -> None:
+    """Delete the data-directory and socket lock files if the process they name is gone or a zombie.
+
+    A SIGKILLed postmaster that nobody reaps (PID 1 in some containers does not) stays a zombie,
+    and PostgreSQL would take the zombie's pid for a live server and refuse to start.
+    """
+    for lock in (_data_dir(layout) / "postmaster.pid", layout.pg_dir / f".s.PGSQL.{layout.pg_port}.lock"):
+        try:
+            old = int(lock.read_text().splitlines()[0])
+        except (FileNotFoundError, ValueError, IndexError):
+            continue
+        if procs.process_state(old) in (None, "Z"):
+            lock.unlink(missing_ok=True)
 
 
 def _psql(layout: StackLayout, database: str, sql: str) -> subprocess.CompletedProcess:
