@@ -15,14 +15,18 @@ CONSUMER_KILL_POINTS = ("after-poll-before-process", "after-process-before-commi
                         "inside-pg-transaction", "during-rebalance")
 
 
-def _record_produce(cell: Cell, report: dict) -> None:
+def _record_produce(cell: Cell, outcome: tuple) -> None:
+    """Keep the producer's throughput; a producer that gave up goes on the timeline with its reason."""
+    code, report, err = outcome
     cell.result.produce_msgs_per_s = report.get("msgs_per_s", 0.0)
+    if code != 0:
+        reason = err.strip().splitlines()[-1] if err.strip() else ""
+        cell.event(f"producer exited {code}: {reason[:200]}")
 
 
 def consumer_kill(cell: Cell) -> None:
     """SIGKILL the consumer at each named kill point in turn, restarting it each time."""
-    _, report, _ = cell.produce()
-    _record_produce(cell, report)
+    _record_produce(cell, cell.produce())
     for point in CONSUMER_KILL_POINTS:
         nth = 1 if point == "during-rebalance" else 2
         # each run reads at most three batches, so records remain for every later kill point
@@ -37,8 +41,7 @@ def consumer_kill(cell: Cell) -> None:
 
 def consumer_pause(cell: Cell) -> None:
     """SIGSTOP a consumer mid-batch past its session timeout; a second member takes over; SIGCONT the zombie."""
-    _, report, _ = cell.produce()
-    _record_produce(cell, report)
+    _record_produce(cell, cell.produce())
     point = "after-poll-before-process"  # a batch in hand, nothing of it written or committed
     zombie = cell.consume("--idle-timeout", 20, env={"KDG_FAULT": f"{point}@2:stop"})
     deadline = time.monotonic() + 60
@@ -81,8 +84,7 @@ def _broker_down(cell: Cell, hard: bool) -> None:
     time.sleep(5)
     cluster.start_node(cell.layout, leader)
     cell.event(f"broker {leader} restarted")
-    _, report, _ = finish(producer)
-    _record_produce(cell, report)
+    _record_produce(cell, finish(producer))
     finish(consumer)
 
 
@@ -97,21 +99,23 @@ def broker_bounce(cell: Cell) -> None:
 
 
 def postgres_restart(cell: Cell) -> None:
-    """Restart the embedded Postgres while the consumer writes; the consumer is restarted if it dies."""
-    _, report, _ = cell.produce()
-    _record_produce(cell, report)
+    """Kill and restart the embedded Postgres while a consumer holds a batch; it dies and is restarted."""
+    _record_produce(cell, cell.produce())
     if not cell.sink.startswith("postgres") or not cell.layout.uses_embedded_pg:
         cell.event("postgres-restart needs the postgres sink on the embedded server; skipped")
         return
-    consumer = cell.consume("--idle-timeout", 10)
+    # the consumer stops itself with its 3rd batch polled, so the restart lands mid-consume
+    consumer = cell.consume("--idle-timeout", 10, env={"KDG_FAULT": "after-poll-before-process@3:stop"})
     deadline = time.monotonic() + 60
-    while not any(p["delivered"] > 0 for p in cell.result.progress) and time.monotonic() < deadline:
+    while procs.process_state(consumer.pid) != "T" and consumer.poll() is None and time.monotonic() < deadline:
         time.sleep(0.1)
     postgres.restart(cell.layout, hard=True)
-    cell.result.fault_fired = True
-    cell.event("Postgres killed (SIGKILL) and restarted")
-    code, _, _ = finish(consumer)
-    cell.event(f"consumer exited {code}")
+    cell.result.fault_fired = procs.process_state(consumer.pid) == "T"
+    cell.event("Postgres SIGKILLed and restarted while the consumer held a batch")
+    consumer.send_signal(signal.SIGCONT)
+    code, _, err = finish(consumer)
+    reason = err.strip().splitlines()[-1] if err.strip() else ""
+    cell.event(f"consumer exited {code} {reason[:160]}")
 
 
 def min_isr(cell: Cell) -> None:
@@ -139,8 +143,7 @@ def min_isr(cell: Cell) -> None:
     for node in stopped:
         cluster.start_node(cell.layout, node)
     cell.event(f"brokers {stopped} restarted")
-    _, report, _ = finish(producer)
-    _record_produce(cell, report)
+    _record_produce(cell, finish(producer))
 
 
 def ack_loss(cell: Cell) -> None:
@@ -152,9 +155,8 @@ def ack_loss(cell: Cell) -> None:
     with FaultProxy(cell.layout) as proxy:
         proxy.drop_produce_responses(3)
         cell.event("proxy drops the next 3 produce responses")
-        _, report, _ = cell.produce("-b", cell.layout.proxy_bootstrap,
-                                    "-X", "request.timeout.ms=2000", "-X", "socket.timeout.ms=3000")
-        _record_produce(cell, report)
+        _record_produce(cell, cell.produce("-b", cell.layout.proxy_bootstrap,
+                                           "-X", "request.timeout.ms=2000", "-X", "socket.timeout.ms=3000"))
         if proxy.dropped:
             cell.result.fault_fired = True
             cell.event(f"{proxy.dropped} produce responses dropped; the producer timed out and retried")

@@ -21,7 +21,10 @@ def producer_config(policy: DeliveryPolicy, bootstrap: str, extra: dict, transac
         if not transactional_id:
             raise UsageError("a transactional producer needs a transactional.id")
         config["transactional.id"] = transactional_id
-        config.setdefault("transaction.timeout.ms", 30_000)
+        # librdkafka requires delivery.timeout.ms <= transaction.timeout.ms; a longer delivery
+        # timeout asked for with -X stretches the transaction timeout to match
+        delivery = max(int(config.get(k, 0)) for k in ("delivery.timeout.ms", "message.timeout.ms", "linger.ms"))
+        config.setdefault("transaction.timeout.ms", max(30_000, delivery))
     return config
 
 
