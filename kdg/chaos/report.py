@@ -39,6 +39,15 @@ def summary_table(results: dict) -> Table:
     return table
 
 
+def _finish_bars(fig, ax, path: Path, plt, title: str, ylabel: str) -> None:
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def _anomalies_chart(results: dict, path: Path, plt) -> None:
     groups = _by_cell(results)
     labels = [f"{g}\n{f}" for g, f in groups]
@@ -49,12 +58,8 @@ def _anomalies_chart(results: dict, path: Path, plt) -> None:
     ax.bar([x - 0.2 for x in xs], lost, width=0.4, label="lost", color="#c0392b")
     ax.bar([x + 0.2 for x in xs], dups, width=0.4, label="duplicated", color="#e67e22")
     ax.set_xticks(list(xs), labels, rotation=60, ha="right", fontsize=7)
-    ax.set_ylabel("records (summed over repetitions)")
-    ax.set_title("Lost and duplicated records per guarantee × fault")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish_bars(fig, ax, path, plt, "Lost and duplicated records per guarantee × fault",
+                 "records (summed over repetitions)")
 
 
 def _throughput_chart(results: dict, path: Path, plt) -> None:
@@ -71,12 +76,7 @@ def _throughput_chart(results: dict, path: Path, plt) -> None:
         ax.bar([x + offset for x in xs], [median(per[n][kind]) if per[n][kind] else 0 for n in names],
                width=0.4, label=kind, color=color)
     ax.set_xticks(list(xs), names)
-    ax.set_ylabel("msgs/s (median over cells, under faults)")
-    ax.set_title("Throughput per guarantee")
-    ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    _finish_bars(fig, ax, path, plt, "Throughput per guarantee", "msgs/s (median over cells, under faults)")
 
 
 def _timeline_chart(results: dict, path: Path, plt) -> None:
