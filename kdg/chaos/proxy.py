@@ -1,158 +1,234 @@
 """A fault proxy on the client→broker path that can swallow the broker's answers to produce requests.
 
 Each broker has a listener (FAULTY) that advertises ``layout.proxy_port(n)``; the proxy listens
-there and forwards to ``layout.faulty_port(n)``. It reads Kafka's framing (4-byte size, then the
-request header: api_key int16, api_version int16, correlation_id int32) to remember which
-correlation ids are Produce requests, and can drop their responses: the broker has written the
-records, the producer never hears so, times out and sends them again — a lost acknowledgement.
+there and forwards to ``layout.faulty_port(n)``, so a client that bootstraps from
+``layout.proxy_bootstrap`` keeps talking through it after the first metadata response.
+
+It reads Kafka's framing in both directions: a request is a 4-byte big-endian size, then a header
+that starts ``api_key int16, api_version int16, correlation_id int32``; a response is a size,
+then ``correlation_id int32``. It remembers, per connection, which correlation ids are Produce
+requests (api_key 0) and can drop their responses: the broker has written the records, the
+producer never hears so, times out and sends them again — a lost acknowledgement.
+
+Example:
+    >>> with FaultProxy(layout) as proxy:           # doctest: +SKIP
+    ...     proxy.drop_produce_responses(3)
+    ...     produce_through(layout.proxy_bootstrap)
+    ...     assert proxy.dropped == 3
 """
 
 import selectors
 import socket
 import struct
 import threading
+from collections.abc import Iterator
 
 from kdg.stack.layout import HOST, StackLayout
 
 PRODUCE = 0
+READ_CHUNK = 1 << 16
 
 
 class _Link:
-    """One client connection and its upstream connection to the broker."""
+    """One client connection, its own upstream connection to the broker, and what is in flight."""
 
     def __init__(self, client: socket.socket, upstream: socket.socket):
         self.client, self.upstream = client, upstream
         self.requests = bytearray()    # client bytes not yet parsed into whole frames
-        self.responses = bytearray()   # broker bytes not yet forwarded as whole frames
+        self.responses = bytearray()   # broker bytes not yet parsed into whole frames
+        self.to_broker = bytearray()   # bytes waiting for the upstream socket to take them
+        self.to_client = bytearray()   # bytes waiting for the client socket to take them
         self.produce_ids: set[int] = set()
+        self.closed = False
+
+    def outbox(self, sock: socket.socket) -> bytearray:
+        return self.to_broker if sock is self.upstream else self.to_client
+
+
+def _frames(buffer: bytearray, header: int) -> Iterator[tuple[bytes, bytes]]:
+    """Yield ``(frame, header_bytes)`` for each complete frame in ``buffer``, consuming it."""
+    while len(buffer) >= 4 + header:
+        size = struct.unpack_from(">i", buffer)[0]
+        if len(buffer) < 4 + size:
+            return
+        frame = bytes(buffer[:4 + size])
+        del buffer[:4 + size]
+        yield frame, frame[4:4 + header]
 
 
 class FaultProxy:
-    """Forward every broker's FAULTY listener through loopback ports; drop produce responses on demand."""
+    """Forward every broker's FAULTY listener through loopback ports; drop produce responses on demand.
+
+    Runs a selector loop in one background thread; new client connections are accepted at any
+    time (librdkafka reconnects after a request times out). ``dropped`` counts the responses
+    swallowed, ``accepted`` the client connections, so a caller can prove the fault fired.
+    """
 
     def __init__(self, layout: StackLayout):
         self.layout = layout
         self.dropped = 0
+        self.accepted = 0
         self._to_drop = 0
+        self._disconnect = False
         self._lock = threading.Lock()
         self._sel = selectors.DefaultSelector()
         self._links: list[_Link] = []
         self._listeners: list[socket.socket] = []
         self._wake_r, self._wake_w = socket.socketpair()
-        self._running = False
+        self._running = threading.Event()
         self._thread: threading.Thread | None = None
 
     # -- control -----------------------------------------------------------------------------
-    def drop_produce_responses(self, count: int) -> None:
-        """Swallow the broker's responses to the next ``count`` produce requests that get one."""
+    def drop_produce_responses(self, count: int, *, disconnect: bool = False) -> None:
+        """Swallow the broker's responses to the next ``count`` produce requests that get one.
+
+        With ``disconnect`` the client's connection is also closed right after each swallowed
+        response (a reset instead of silence); by default it stays open and the client must
+        time the request out itself, as it would when an acknowledgement is really lost.
+        """
         with self._lock:
-            self._to_drop = count
+            self._to_drop, self._disconnect = count, disconnect
 
     def pass_through(self) -> None:
+        """Forward everything again."""
         with self._lock:
-            self._to_drop = 0
+            self._to_drop, self._disconnect = 0, False
+
+    @property
+    def running(self) -> bool:
+        return self._running.is_set()
 
     def start(self) -> "FaultProxy":
-        for node in self.layout.node_ids:
-            listener = socket.create_server((HOST, self.layout.proxy_port(node)), reuse_port=False)
-            listener.setblocking(False)
-            self._sel.register(listener, selectors.EVENT_READ, ("accept", node))
-            self._listeners.append(listener)
+        """Listen on every broker's proxy port and start forwarding in a background thread."""
+        try:
+            for node in self.layout.node_ids:
+                listener = socket.create_server((HOST, self.layout.proxy_port(node)))
+                listener.setblocking(False)
+                self._listeners.append(listener)
+                self._sel.register(listener, selectors.EVENT_READ, ("accept", node))
+        except OSError:
+            self._close_all()
+            raise
         self._sel.register(self._wake_r, selectors.EVENT_READ, ("wake", None))
-        self._running = True
+        self._running.set()
         self._thread = threading.Thread(target=self._loop, name="kdg-fault-proxy", daemon=True)
         self._thread.start()
         return self
 
     def stop(self) -> None:
-        self._running = False
-        self._wake_w.send(b"x")
-        if self._thread:
+        """Stop the thread and close every socket; safe to call twice."""
+        if self._thread is not None:
+            self._running.clear()
+            self._wake_w.send(b"x")
             self._thread.join(10)
-        for link in self._links:
-            self._close(link)
-        for sock in self._listeners + [self._wake_r, self._wake_w]:
-            sock.close()
-        self._sel.close()
+            self._thread = None
+        self._close_all()
 
     def __enter__(self) -> "FaultProxy":
         return self.start()
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.stop()
 
     # -- the loop ----------------------------------------------------------------------------
     def _loop(self) -> None:
-        while self._running:
-            for key, _ in self._sel.select(timeout=0.5):
+        while self._running.is_set():
+            for key, events in self._sel.select(timeout=0.5):
                 kind, obj = key.data
-                try:
-                    if kind == "accept":
-                        self._accept(key.fileobj, obj)
-                    elif kind == "client":
-                        self._from_client(obj)
-                    elif kind == "upstream":
-                        self._from_broker(obj)
-                except OSError:
-                    if kind in ("client", "upstream"):
+                if kind == "accept":
+                    self._accept(key.fileobj, obj)  # type: ignore[arg-type]
+                elif kind == "wake":
+                    self._wake_r.recv(64)
+                elif not obj.closed:
+                    try:
+                        if events & selectors.EVENT_WRITE:
+                            self._flush(obj, key.fileobj)
+                        if events & selectors.EVENT_READ and not obj.closed:
+                            self._read(obj, key.fileobj)
+                    except (OSError, ValueError, struct.error):  # a reset, or bytes that are not Kafka
                         self._close(obj)
 
     def _accept(self, listener: socket.socket, node: int) -> None:
-        client, _ = listener.accept()
-        upstream = socket.create_connection((HOST, self.layout.faulty_port(node)), timeout=5)
-        for sock in (client, upstream):
-            sock.setblocking(True)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            client, _ = listener.accept()
+        except OSError:
+            return
+        try:
+            upstream = socket.create_connection((HOST, self.layout.faulty_port(node)), timeout=5)
+        except OSError:
+            client.close()  # the broker is down: the client sees its connection closed and tries again
+            return
         link = _Link(client, upstream)
+        for sock in (client, upstream):
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._sel.register(sock, selectors.EVENT_READ, ("link", link))
         self._links.append(link)
-        self._sel.register(client, selectors.EVENT_READ, ("client", link))
-        self._sel.register(upstream, selectors.EVENT_READ, ("upstream", link))
+        self.accepted += 1
 
-    def _from_client(self, link: _Link) -> None:
-        data = link.client.recv(1 << 16)
+    def _read(self, link: _Link, sock: socket.socket) -> None:
+        data = sock.recv(READ_CHUNK)
         if not data:
             return self._close(link)
-        link.upstream.sendall(data)  # requests always reach the broker
-        link.requests += data
-        while len(link.requests) >= 4:
-            size = struct.unpack_from(">i", link.requests)[0]
-            if len(link.requests) < 4 + size:
-                break
-            api_key, _version, correlation = struct.unpack_from(">hhi", link.requests, 4)
-            if api_key == PRODUCE:
-                link.produce_ids.add(correlation)
-            del link.requests[:4 + size]
-
-    def _from_broker(self, link: _Link) -> None:
-        data = link.upstream.recv(1 << 16)
-        if not data:
-            return self._close(link)
+        if sock is link.client:
+            link.to_broker += data  # requests always reach the broker unchanged
+            link.requests += data
+            for _, header in _frames(link.requests, 8):
+                api_key, _version, correlation = struct.unpack(">hhi", header)
+                if api_key == PRODUCE:
+                    link.produce_ids.add(correlation)
+            return self._flush(link, link.upstream)
         link.responses += data
-        out = bytearray()
-        while len(link.responses) >= 8:
-            size = struct.unpack_from(">i", link.responses)[0]
-            if len(link.responses) < 4 + size:
-                break
-            correlation = struct.unpack_from(">i", link.responses, 4)[0]
-            frame = link.responses[:4 + size]
-            del link.responses[:4 + size]
-            if correlation in link.produce_ids:
-                link.produce_ids.discard(correlation)
-                with self._lock:
-                    if self._to_drop > 0:
-                        self._to_drop -= 1
-                        self.dropped += 1
-                        continue  # the broker wrote the records; the producer never learns it
-            out += frame
-        if out:
-            link.client.sendall(out)
+        disconnect = False
+        for frame, header in _frames(link.responses, 4):
+            if self._swallow(link, struct.unpack(">i", header)[0]):
+                disconnect = disconnect or self._disconnect
+                continue  # the broker wrote the records; the producer never learns it
+            link.to_client += frame
+        self._flush(link, link.client)
+        if disconnect:
+            self._close(link)
+
+    def _swallow(self, link: _Link, correlation: int) -> bool:
+        """Whether the response with ``correlation`` is a produce response to drop (and count it)."""
+        if correlation not in link.produce_ids:
+            return False
+        link.produce_ids.discard(correlation)
+        with self._lock:
+            if self._to_drop <= 0:
+                return False
+            self._to_drop -= 1
+            self.dropped += 1
+            return True
+
+    def _flush(self, link: _Link, sock: socket.socket) -> None:
+        """Send what ``sock`` can take now; watch it for writability while anything is left."""
+        box = link.outbox(sock)
+        if box:
+            try:
+                del box[:sock.send(box)]
+            except BlockingIOError:
+                pass
+        events = selectors.EVENT_READ | (selectors.EVENT_WRITE if box else 0)
+        if self._sel.get_key(sock).events != events:
+            self._sel.modify(sock, events, ("link", link))
 
     def _close(self, link: _Link) -> None:
+        if link.closed:
+            return
+        link.closed = True
         for sock in (link.client, link.upstream):
             try:
                 self._sel.unregister(sock)
             except (KeyError, ValueError):
                 pass
             sock.close()
-        if link in self._links:
-            self._links.remove(link)
+        self._links.remove(link)
+
+    def _close_all(self) -> None:
+        for link in list(self._links):
+            self._close(link)
+        for sock in self._listeners + [self._wake_r, self._wake_w]:
+            sock.close()
+        self._listeners = []
+        self._sel.close()
