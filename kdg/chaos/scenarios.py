@@ -153,7 +153,8 @@ def acks1_leader_loss(layout, echo) -> tuple[bool, str, dict]:
         for f in followers:
             kafka_node.signal(layout, f, signal.SIGCONT)
         _say(echo, f"5. followers resumed; one of them is elected leader (unclean election stays off)")
-        _wait_leader(layout, topic, exclude=leader)
+        if not _wait_leader(layout, topic, exclude=leader):
+            _say(echo, "   no other replica was elected within 180 s (a loaded machine?); the story cannot unfold")
         cluster.start_node(layout, leader)
         _say(echo, f"6. broker {leader} restarted; it truncates its log to the new leader's")
         time.sleep(3)
@@ -162,16 +163,19 @@ def acks1_leader_loss(layout, echo) -> tuple[bool, str, dict]:
     return ok, f"acks=1 lost {out['1']['lost']} acknowledged records; acks=all lost {out['all']['lost']}", out
 
 
-def _wait_leader(layout, topic: str, exclude: int, timeout: float = 60) -> None:
+def _wait_leader(layout, topic: str, exclude: int, timeout: float = 180) -> bool:
+    """Wait until a replica other than ``exclude`` leads the partition (the controllers must first
+    regain their quorum and fence the dead broker, which is slow on a loaded machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
             leader, _ = _replicas(layout, topic)
             if leader not in (-1, exclude):
-                return
+                return True
         except Exception:  # metadata may be unavailable while the quorum recovers
             pass
         time.sleep(0.5)
+    return False
 
 
 def not_enough_replicas(layout, echo) -> tuple[bool, str, dict]:
