@@ -6,6 +6,7 @@ from pathlib import Path
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SQL_DIR = PROJECT_ROOT / "sql"
 KAFKA_POM = PROJECT_ROOT / "compose" / "pom.xml"
+SPARK_POM = PROJECT_ROOT / "compose" / "spark-pom.xml"
 
 
 def cache_dir() -> Path:

@@ -39,13 +39,13 @@ def connection(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
     )
 
 
-def parse_properties(items: list[str]) -> dict[str, str]:
+def parse_properties(items: list[str], option: str = "-X", what: str = "a librdkafka property") -> dict[str, str]:
     """``-X key=value`` items to a dict; a malformed item is a usage error naming it."""
     props: dict[str, str] = {}
     for item in items:
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise UsageError(f"-X {item!r}: expected key=value (a librdkafka property)")
+            raise UsageError(f"{option} {item!r}: expected key=value ({what})")
         props[key.strip()] = value
     return props
 

@@ -25,11 +25,11 @@ def _progress(label: str, total: int | None, enabled: bool):
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
     if not enabled or not err_console.is_terminal:
-        return None, (lambda n: None)
+        return None, (lambda n, total=None: None)
     bar = Progress(TextColumn(label), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=err_console,
                    transient=True)
     task = bar.add_task(label, total=total)
-    return bar, (lambda n: bar.update(task, completed=n))
+    return bar, (lambda n, total=None: bar.update(task, completed=n, total=total))
 
 
 def _run_with_bar(bar, run, req):
@@ -151,6 +151,55 @@ def consume(
     else:
         out = err_console if sink == "stdout" else console  # keep stdout for the records
         out.print(key_value_table(f"consume {topic} → {sink} ({report.guarantee})", report.to_dict()))
+
+
+@app.command("spark-replay")
+def spark_replay(
+    topic: Annotated[str, typer.Argument(help="Topic to replay.")],
+    guarantee: GuaranteeOpt = "exactly-once",
+    group: Annotated[str, typer.Option("--group", "-G", help="Whose stored offsets `stored` means, and which "
+                     "ones a finished replay advances.")] = "kdg-spark-replay",
+    start: Annotated[str, typer.Option("--from", help="earliest | latest | stored | P:OFFSET,… | "
+                     "@2026-11-22T10:00:00 (UTC) | @MILLIS.")] = "earliest",
+    end: Annotated[str, typer.Option("--to", help="Exclusive end, same forms as --from.")] = "latest",
+    table: Annotated[str, typer.Option(help="Postgres sink table (created like kdg_events).")] = "kdg_events",
+    master: Annotated[str, typer.Option(help="Spark master: local[*], spark://…, yarn, k8s://….")] = "local[*]",
+    id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD "
+                       "or offset.")] = None,
+    chunk_rows: Annotated[int, typer.Option(help="Rows per Postgres transaction in a Spark task.")] = 20_000,
+    spark_conf: Annotated[Optional[list[str]], typer.Option("--conf", help="Spark property key=value "
+                          "(repeatable).")] = None,
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
+) -> None:
+    """Replay a Kafka range into Postgres with Spark; exactly-once adds each idempotency key once, however often it runs."""
+    from rich.table import Table
+
+    from kdg.replay import ReplayRequest, run_spark_replay
+    from kdg.settings import parse_properties
+
+    def show_range(ranges) -> None:
+        if as_json:
+            return
+        shown = Table(title=f"replaying {topic} ({sum(e - s for s, e in ranges.values())} offsets)",
+                      title_justify="left")
+        for col in ("partition", "from", "to (exclusive)", "offsets"):
+            shown.add_column(col, justify="right")
+        for p, (s, e) in sorted(ranges.items()):
+            shown.add_row(str(p), str(s), str(e), str(e - s))
+        err_console.print(shown)
+
+    bar, tasks_done = _progress("spark tasks", None, not as_json)
+    req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props), group=group,
+                        start=start, end=end, table=table, master=master, id_from=id_from, chunk_rows=chunk_rows,
+                        spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"), on_range=show_range,
+                        progress=lambda done, total, failed: tasks_done(done, total),
+                        echo=lambda text: err_console.print(text))
+    report = _run_with_bar(bar, run_spark_replay, req)
+    if as_json:
+        print_json(report)
+    else:
+        rows = {k: v for k, v in report.to_dict().items() if k != "partitions"}
+        console.print(key_value_table(f"spark-replay {topic} → {report.table} ({report.guarantee})", rows))
 
 
 @app.command()

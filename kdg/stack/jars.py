@@ -1,4 +1,4 @@
-"""Fetch the pinned Apache Kafka jars from Maven Central, once, into the kdg cache."""
+"""Fetch pinned jars from Maven Central, once, into the kdg cache (Kafka here; Spark's connector reuses it)."""
 
 import re
 import shutil
@@ -39,26 +39,36 @@ def require_java() -> str:
 
 def ensure_kafka_jars(echo=print) -> Path:
     """Return the directory of Kafka's jars, fetching them with Maven on first use."""
-    lib = kafka_lib_dir()
-    if has_kafka_jars():
-        return lib
+    return fetch_with_maven(KAFKA_POM, kafka_lib_dir(), f"Apache Kafka {kafka_version()}", echo=echo)
+
+
+def fetch_with_maven(pom: Path, dest: Path, what: str, properties: dict[str, str] | None = None,
+                     echo=print) -> Path:
+    """Copy the runtime dependencies ``pom`` declares into ``dest`` once; ``dest`` only appears complete.
+
+    Maven downloads into a ``.partial`` sibling that is renamed when every jar is there, so an
+    interrupted fetch is retried next time instead of leaving half a classpath.
+    """
+    if (dest / ".complete").exists():
+        return dest
     mvn = shutil.which("mvn")
     if not mvn:
-        raise MissingComponent("Maven is needed once to fetch Kafka's jars: install it (e.g. `apt-get install maven`)")
-    echo(f"Fetching Apache Kafka {kafka_version()} jars from Maven Central into {lib} (once) ...")
-    partial = lib.with_name(lib.name + ".partial")
+        raise MissingComponent(f"Maven is needed once to fetch {what} jars: install it (e.g. `apt-get install maven`)")
+    echo(f"Fetching {what} jars from Maven Central into {dest} (once) ...")
+    partial = dest.with_name(dest.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     partial.mkdir(parents=True)
-    cmd = [mvn, "-q", "-B", "-f", str(KAFKA_POM), "dependency:copy-dependencies",
-           f"-DoutputDirectory={partial}", "-DincludeScope=runtime"]
+    cmd = [mvn, "-q", "-B", "-f", str(pom), "dependency:copy-dependencies",
+           f"-DoutputDirectory={partial}", "-DincludeScope=runtime",
+           *(f"-D{k}={v}" for k, v in (properties or {}).items())]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).splitlines()[-15:])
-        raise MissingComponent(f"Maven could not fetch Kafka's jars:\n{tail}")
-    (partial / ".complete").write_text(kafka_version())
-    shutil.rmtree(lib, ignore_errors=True)
-    partial.rename(lib)
-    return lib
+        raise MissingComponent(f"Maven could not fetch {what} jars:\n{tail}")
+    (partial / ".complete").write_text(what)
+    shutil.rmtree(dest, ignore_errors=True)
+    partial.rename(dest)
+    return dest
 
 
 def java_classpath() -> str:

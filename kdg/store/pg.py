@@ -92,29 +92,39 @@ class Store:
                                                   handler, before_commit))
 
     async def _write_exactly_once(self, table, group, rows, next_offsets, topic, fences, handler, before_commit):
-        conn = self.conn
-        async with conn.transaction():
-            inserted = 0
-            if rows:
-                await conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
-                # ON CONFLICT DO NOTHING also skips a key repeated within the batch: the first
-                # staged copy wins, and only the claimed (key, partition, offset) rows are inserted.
-                status = await conn.execute(f"""
-                    WITH claimed AS (
-                        INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
-                        SELECT $1, idempotency_key, topic, "partition", "offset" FROM kdg_stage
-                        ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset")
-                    INSERT INTO {table} (idempotency_key, consumer_group, topic, "partition", "offset",
-                                         key, value, headers)
-                    SELECT s.idempotency_key, $2, s.topic, s."partition", s."offset", s.key, s.value, s.headers
-                    FROM kdg_stage s JOIN claimed c USING (idempotency_key, "partition", "offset")""", table, group)
-                inserted = int(status.split()[-1])
+        async with self.conn.transaction():
+            inserted = await self._claim_and_insert(table, group, rows)
             if handler is not None:
-                await _maybe_await(handler(rows, conn))
+                await _maybe_await(handler(rows, self.conn))
             await self._move_offsets(group, topic, next_offsets, fences)
             if before_commit is not None:
                 before_commit()
         return inserted
+
+    def write_claimed(self, table: str, group: str, rows: list[tuple]) -> int:
+        """One transaction: claim keys, insert newly claimed rows (no offsets). Returns rows inserted."""
+        async def write():
+            async with self.conn.transaction():
+                return await self._claim_and_insert(table, group, rows)
+
+        return self._run(write())
+
+    async def _claim_and_insert(self, table: str, group: str, rows: list[tuple]) -> int:
+        if not rows:
+            return 0
+        await self.conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
+        # ON CONFLICT DO NOTHING also skips a key repeated within the batch: the first
+        # staged copy wins, and only the claimed (key, partition, offset) rows are inserted.
+        status = await self.conn.execute(f"""
+            WITH claimed AS (
+                INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
+                SELECT $1, idempotency_key, topic, "partition", "offset" FROM kdg_stage
+                ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset")
+            INSERT INTO {table} (idempotency_key, consumer_group, topic, "partition", "offset",
+                                 key, value, headers)
+            SELECT s.idempotency_key, $2, s.topic, s."partition", s."offset", s.key, s.value, s.headers
+            FROM kdg_stage s JOIN claimed c USING (idempotency_key, "partition", "offset")""", table, group)
+        return int(status.split()[-1])
 
     async def _move_offsets(self, group, topic, next_offsets, fences) -> None:
         if not next_offsets:
@@ -146,6 +156,48 @@ class Store:
             if before_commit is not None:
                 before_commit()
         return len(rows)
+
+    # -- replay ledger -----------------------------------------------------------------------
+    def record_replay(self, replay_id, group: str, topic: str, table: str, guarantee: str,
+                      ranges: dict[int, tuple[int, int]], *, done: bool) -> None:
+        """Record a replay run; ``done`` also advances the group's stored offsets, in one transaction."""
+        async def record():
+            async with self.conn.transaction():
+                await self.conn.execute(
+                    """INSERT INTO kdg_replays (replay_id, consumer_group, topic, sink_table, guarantee, ranges,
+                                                status, finished_at)
+                       VALUES ($1, $2, $3, $4, $5, $6, $7, CASE WHEN $7 = 'done' THEN now() END)""",
+                    replay_id, group, topic, table, guarantee,
+                    json.dumps({str(p): list(r) for p, r in sorted(ranges.items())}), "done" if done else "running")
+                if done:
+                    await self._advance_offsets(group, topic, ranges)
+
+        self._run(record())
+
+    def finish_replay(self, replay_id, group: str, topic: str, ranges: dict[int, tuple[int, int]], *,
+                      status: str, summary: dict | None = None, error: str | None = None,
+                      advance: bool = False) -> None:
+        """Close a run's row (``done`` or ``failed``); ``advance`` moves stored offsets in the same transaction."""
+        async def finish():
+            async with self.conn.transaction():
+                await self.conn.execute(
+                    """UPDATE kdg_replays SET status = $2, finished_at = now(), summary = $3, error = $4
+                       WHERE replay_id = $1""",
+                    replay_id, status, json.dumps(summary) if summary is not None else None, error)
+                if advance:
+                    await self._advance_offsets(group, topic, ranges)
+
+        self._run(finish())
+
+    async def _advance_offsets(self, group: str, topic: str, ranges: dict[int, tuple[int, int]]) -> None:
+        """Stored offsets only move forward; a consumer's fence is left alone."""
+        parts = sorted(ranges)
+        await self.conn.execute(
+            """INSERT INTO kdg_offsets (consumer_group, topic, "partition", next_offset)
+               SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS v(p, o)
+               ON CONFLICT (consumer_group, topic, "partition") DO UPDATE
+               SET next_offset = GREATEST(kdg_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()""",
+            group, topic, parts, [ranges[p][1] for p in parts])
 
     # -- producer ledger ---------------------------------------------------------------------
     def start_run(self, run_id, topic: str, guarantee: str) -> None:

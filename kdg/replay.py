@@ -1,0 +1,177 @@
+"""`kdg spark-replay`: replay a Kafka range into a Postgres sink table with Spark, under a guarantee.
+
+The policy decides three things here, and nothing else does:
+- ``commit_mode``: at-most-once records the range as done (and advances the group's stored offsets)
+  BEFORE writing; the others record it only after every task wrote.
+- ``spark_task_retries``: whether a failed task is retried (off: a failed job loses its range).
+- ``dedup``: whether each row's idempotency key is claimed in ``kdg_dedup`` with the row, so a
+  retried task or a re-run of the range adds nothing.
+"""
+
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+from kdg.errors import ConnectionFailed, DeliveryError, KdgError, UsageError
+from kdg.guarantees import CommitMode, policy_for
+from kdg.settings import Connection, sql_identifier
+from kdg.spark.ranges import Ranges, parse_bound, resolve_range
+
+_SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
+
+
+@dataclass
+class ReplayRequest:
+    topic: str
+    guarantee: str
+    conn: Connection
+    group: str = "kdg-spark-replay"
+    start: str = "earliest"
+    end: str = "latest"
+    table: str = "kdg_events"
+    master: str = "local[*]"
+    id_from: str | None = None
+    chunk_rows: int = 20_000
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    on_range: Callable[[Ranges], None] | None = None          # shown before the job runs
+    progress: Callable[[int, int, int], None] | None = None   # (tasks done, tasks, tasks failed)
+    echo: Callable[[str], None] = print
+
+
+@dataclass
+class ReplayReport:
+    replay_id: str
+    guarantee: str
+    topic: str
+    group: str
+    table: str
+    partitions: dict
+    rows_read: int = 0
+    duplicates_dropped: int = 0
+    rows_written: int = 0
+    tasks: int = 0
+    recorded: str = ""              # when the range was recorded as done: before or after writing
+    duration_s: float = 0.0
+    rows_per_s: float = 0.0
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def run_spark_replay(req: ReplayRequest) -> ReplayReport:
+    from kdg.spark.writer import WriteSpec
+    from kdg.store.migrations import apply_migrations
+    from kdg.store.pg import Store
+
+    policy = policy_for(req.guarantee)
+    table = sql_identifier(req.table)
+    id_kind, id_arg = _id_from(req.id_from)
+    if not req.group.strip():
+        raise UsageError("--group must not be empty")
+    if req.chunk_rows < 1:
+        raise UsageError("--chunk-rows must be at least 1")
+    start, end = parse_bound(req.start, "--from"), parse_bound(req.end, "--to")
+    apply_migrations(req.conn.pg_dsn)  # Postgres unreachable: a clear error before Spark starts
+    replay_id = uuid.uuid4()
+    with Store(req.conn.pg_dsn) as store:
+        store.ensure_sink_table(table)
+        ranges = _resolve(req, policy.isolation_level, start, end, store)
+        if req.on_range:
+            req.on_range(ranges)
+        record_first = policy.commit_mode is CommitMode.BEFORE_PROCESSING
+        store.record_replay(replay_id, req.group, req.topic, table, policy.guarantee.value, ranges,
+                            done=record_first)
+        report = ReplayReport(str(replay_id), policy.guarantee.value, req.topic, req.group, table,
+                              {p: {"from": s, "to": e} for p, (s, e) in ranges.items()},
+                              recorded="before writing" if record_first else "after writing")
+        spec = WriteSpec(req.conn.pg_dsn, table, req.group, policy.dedup, req.chunk_rows)
+        started = time.monotonic()
+        try:
+            totals = _run_job(req, policy, ranges, spec, id_kind, id_arg)
+        except BaseException as exc:
+            error = _explain(exc, policy)
+            store.finish_replay(replay_id, req.group, req.topic, ranges, status="done" if record_first else "failed",
+                                error=str(error))
+            raise error from exc
+        report.duration_s = round(time.monotonic() - started, 3)
+        for name in ("rows_read", "rows_written", "duplicates_dropped", "tasks"):
+            setattr(report, name, totals[name])
+        report.rows_per_s = round(report.rows_read / report.duration_s, 1) if report.duration_s else 0.0
+        store.finish_replay(replay_id, req.group, req.topic, ranges, status="done", summary=report.to_dict(),
+                            advance=not record_first)
+    return report
+
+
+def _id_from(spec: str | None) -> tuple[str | None, str | None]:
+    from kdg.consume import KeyResolver
+
+    resolver = KeyResolver(spec)  # one parser for --id-from, shared with `kdg consume`
+    if resolver.arg is not None and not _SAFE_NAME.match(resolver.arg):
+        raise UsageError(f"--id-from {spec!r}: a header or JSON field name may use letters, digits, '_', '.', '-'")
+    return resolver.kind, resolver.arg
+
+
+def _resolve(req: ReplayRequest, isolation: str, start, end, store) -> Ranges:
+    from confluent_kafka import Consumer, TopicPartition
+
+    from kdg.kafka.admin import topic_partitions, watermarks
+
+    partitions = topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra)
+
+    def offsets_for_time(ms: int) -> dict[int, int]:
+        consumer = Consumer({"bootstrap.servers": req.conn.bootstrap_servers, "group.id": "kdg-replay-ranges",
+                             "enable.auto.commit": False, "log_level": 2, **req.conn.extra})
+        try:
+            found = consumer.offsets_for_times([TopicPartition(req.topic, p, ms) for p in partitions], timeout=15)
+        finally:
+            consumer.close()
+        return {tp.partition: tp.offset for tp in found}
+
+    return resolve_range(req.topic, start, end, partitions=partitions,
+                         watermarks=watermarks(req.conn.bootstrap_servers, req.topic, req.conn.extra, isolation),
+                         stored=lambda: store.stored_offsets(req.group, req.topic),
+                         offsets_for_time=offsets_for_time)
+
+
+def _run_job(req: ReplayRequest, policy, ranges: Ranges, spec, id_kind, id_arg) -> dict:
+    from kdg.spark.job import kafka_frame, key_expression, run_write, sink_rows
+    from kdg.spark.session import spark_session
+
+    spark = spark_session(req.master, task_retries=policy.spark_task_retries, conf=req.spark_conf, echo=req.echo)
+    try:
+        frame = kafka_frame(spark, req.conn.bootstrap_servers, req.topic, ranges,
+                            isolation_level=policy.isolation_level, kafka_options=req.conn.extra)
+        rows = sink_rows(frame, key_expression(id_kind, id_arg, required=policy.dedup))
+        return run_write(spark, rows, spec, req.progress)
+    finally:
+        spark.stop()
+
+
+_PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$", re.M)
+_CAUSES = (("KeylessRecord", UsageError), ("ConnectionFailed", ConnectionFailed), ("Fenced", DeliveryError))
+
+
+def _explain(exc: BaseException, policy) -> KdgError:
+    """A failed Spark job as one readable kdg error: the executor's own exception when there is one."""
+    if isinstance(exc, KdgError):
+        return exc
+    if isinstance(exc, KeyboardInterrupt):
+        return DeliveryError("interrupted; the replay ledger says what was recorded")
+    text = str(exc)
+    for name, kind in _CAUSES:
+        found = re.search(rf"{name}: (.+)", text)
+        if found:
+            return kind(found.group(1).strip())
+    raised = _PY_ERROR.search(text)  # the last line of the executor's Python traceback
+    if "Python worker exited unexpectedly" in text:
+        cause = "a Spark task's Python worker died"
+    elif raised:
+        cause = f"{raised.group(1)}: {raised.group(2).strip()}"
+    else:
+        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+        cause = lines[0][:300] if lines else type(exc).__name__
+    retry = ("task retries are off under this guarantee, so the job stopped"
+             if not policy.spark_task_retries else "Spark gave up after retrying the task")
+    return DeliveryError(f"the Spark job failed: {cause} ({retry})")

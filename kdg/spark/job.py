@@ -1,0 +1,95 @@
+"""The replay as a Spark job: read a Kafka range, key each record, write every Spark partition to Postgres."""
+
+import json
+import threading
+from typing import Callable
+
+from kdg.records import ID_HEADER
+from kdg.spark.ranges import Ranges
+from kdg.spark.writer import SUMMARY_SCHEMA, WriteSpec, write_task
+
+ROWS_PER_TASK = 250_000  # Kafka partitions larger than this are split across Spark tasks
+
+
+def kafka_frame(spark, bootstrap: str, topic: str, ranges: Ranges, *, isolation_level: str,
+                kafka_options: dict[str, str] | None = None, fail_on_data_loss: bool = True):
+    """The records of ``ranges`` as Spark's Kafka source reads them (key, value, headers, topic, …)."""
+    total = sum(end - start for start, end in ranges.values())
+    reader = (spark.read.format("kafka")
+              .option("kafka.bootstrap.servers", bootstrap)
+              .option("assign", json.dumps({topic: sorted(ranges)}))
+              .option("startingOffsets", json.dumps({topic: {str(p): s for p, (s, _) in ranges.items()}}))
+              .option("endingOffsets", json.dumps({topic: {str(p): e for p, (_, e) in ranges.items()}}))
+              .option("kafka.isolation.level", isolation_level)
+              .option("includeHeaders", "true")
+              .option("failOnDataLoss", str(fail_on_data_loss).lower())
+              .option("minPartitions", str(max(len(ranges), -(-total // ROWS_PER_TASK)))))
+    for key, value in (kafka_options or {}).items():
+        reader = reader.option(f"kafka.{key}", value)
+    return reader.load()
+
+
+def _header(name: str) -> str:
+    return f"cast(try_element_at(filter(headers, h -> h.key = '{name}'), 1).value as string)"
+
+
+def key_expression(id_kind: str | None, id_arg: str | None, *, required: bool) -> str:
+    """Spark SQL for the idempotency key: the kdg-id header, else what ``--id-from`` names.
+
+    Without either, a weaker guarantee falls back to topic/partition/offset (as `kdg consume` does);
+    exactly-once leaves it NULL so the writer refuses the record.
+    """
+    fallbacks = [_header(ID_HEADER)]
+    if id_kind == "header":
+        fallbacks.append(_header(id_arg))
+    elif id_kind == "json":
+        fallbacks.append(f"get_json_object(cast(value as string), '$.{id_arg}')")
+    if id_kind == "offset" or not required:
+        fallbacks.append("concat_ws('/', topic, cast(partition as string), cast(offset as string))")
+    return f"coalesce({', '.join(fallbacks)})"
+
+
+def sink_rows(frame, key_sql: str):
+    """The Kafka frame shaped as the store's sink rows (headers as one JSON object, as `kdg consume` writes)."""
+    return frame.selectExpr(
+        f"{key_sql} AS idempotency_key", "topic", "partition", "offset", "key", "value",
+        "coalesce(to_json(map_from_entries(transform(headers, h -> struct(h.key, cast(h.value as string))))),"
+        " '{}') AS headers")
+
+
+def run_write(spark, rows, spec: WriteSpec, progress: Callable[[int, int, int], None] | None = None) -> dict:
+    """Write every Spark partition through the store; sums the per-task summaries (only these reach the driver)."""
+    poller = _StageProgress(spark.sparkContext, progress) if progress else None
+    try:
+        summaries = rows.mapInArrow(lambda batches: write_task(batches, spec), SUMMARY_SCHEMA).collect()
+    finally:
+        if poller:
+            poller.stop()
+    totals = {name: 0 for name in ("rows_read", "rows_written", "duplicates_dropped", "chunks")}
+    for row in summaries:
+        for name in totals:
+            totals[name] += row[name]
+    totals["tasks"] = len(summaries)
+    return totals
+
+
+class _StageProgress:
+    """Polls Spark's status tracker and reports (tasks done, tasks in all, tasks failed)."""
+
+    def __init__(self, sc, report: Callable[[int, int, int], None], every_s: float = 0.5):
+        self._tracker, self._report, self._every = sc.statusTracker(), report, every_s
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kdg-spark-progress", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._done.wait(self._every):
+            stages = [self._tracker.getStageInfo(s) for s in self._tracker.getActiveStageIds()]
+            stages = [s for s in stages if s is not None]
+            if stages:
+                self._report(sum(s.numCompletedTasks for s in stages), sum(s.numTasks for s in stages),
+                             sum(s.numFailedTasks for s in stages))
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=2)
