@@ -53,8 +53,9 @@ class ReplayReport:
     rows_written: int = 0
     tasks: int = 0
     recorded: str = ""              # when the range was recorded as done: before or after writing
-    duration_s: float = 0.0
-    rows_per_s: float = 0.0
+    spark_start_s: float = 0.0      # starting the SparkSession (JVM, jars)
+    duration_s: float = 0.0         # the Spark job itself: read, key, write
+    rows_per_s: float = 0.0         # rows_read / duration_s
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -87,7 +88,6 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
                               {p: {"from": s, "to": e} for p, (s, e) in ranges.items()},
                               recorded="before writing" if record_first else "after writing")
         spec = WriteSpec(req.conn.pg_dsn, table, req.group, policy.dedup, req.chunk_rows)
-        started = time.monotonic()
         try:
             totals = _run_job(req, policy, ranges, spec, id_kind, id_arg)
         except BaseException as exc:
@@ -95,8 +95,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
             store.finish_replay(replay_id, req.group, req.topic, ranges, status="done" if record_first else "failed",
                                 error=str(error))
             raise error from exc
-        report.duration_s = round(time.monotonic() - started, 3)
-        for name in ("rows_read", "rows_written", "duplicates_dropped", "tasks"):
+        for name in ("rows_read", "rows_written", "duplicates_dropped", "tasks", "spark_start_s", "duration_s"):
             setattr(report, name, totals[name])
         report.rows_per_s = round(report.rows_read / report.duration_s, 1) if report.duration_s else 0.0
         store.finish_replay(replay_id, req.group, req.topic, ranges, status="done", summary=report.to_dict(),
@@ -139,12 +138,17 @@ def _run_job(req: ReplayRequest, policy, ranges: Ranges, spec, id_kind, id_arg) 
     from kdg.spark.job import kafka_frame, key_expression, run_write, sink_rows
     from kdg.spark.session import spark_session
 
+    started = time.monotonic()
     spark = spark_session(req.master, task_retries=policy.spark_task_retries, conf=req.spark_conf, echo=req.echo)
     try:
+        job_started = time.monotonic()
         frame = kafka_frame(spark, req.conn.bootstrap_servers, req.topic, ranges,
                             isolation_level=policy.isolation_level, kafka_options=req.conn.extra)
         rows = sink_rows(frame, key_expression(id_kind, id_arg, required=policy.dedup))
-        return run_write(spark, rows, spec, req.progress)
+        totals = run_write(spark, rows, spec, req.progress)
+        totals["duration_s"] = round(time.monotonic() - job_started, 3)
+        totals["spark_start_s"] = round(job_started - started, 3)
+        return totals
     finally:
         spark.stop()
 
