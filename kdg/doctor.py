@@ -54,6 +54,15 @@ def _jars():
         "not fetched yet: `kdg stack fetch`"
 
 
+def _spark():
+    from kdg.spark.jars import pyspark_version, spark_lib_dir
+
+    lib = spark_lib_dir()
+    fetched = (lib / ".complete").exists()
+    return fetched, f"PySpark {pyspark_version()}, Kafka connector in {lib}" if fetched else \
+        f"PySpark {pyspark_version()}; its Kafka connector is not fetched yet: `kdg stack fetch`"
+
+
 def _brokers(bootstrap: str, expected: int | None):
     from kdg.kafka.admin import admin_client
 
@@ -103,6 +112,7 @@ def run_doctor(bootstrap: str | None, pg_dsn: str | None, state_dir: Path | None
     layout = local_layout(state_dir)
     _check(report, "java", _java)
     _check(report, "kafka jars", _jars)
+    _check(report, "spark", _spark)
     ids = _check(report, "brokers", lambda: _brokers(conn.bootstrap_servers, layout.brokers if local else None))
     if local:
         _check(report, "controller quorum", lambda: _quorum(layout))

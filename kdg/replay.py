@@ -62,6 +62,7 @@ class ReplayReport:
 
 
 def run_spark_replay(req: ReplayRequest) -> ReplayReport:
+    from kdg.spark.session import check_conf
     from kdg.spark.writer import WriteSpec
     from kdg.store.migrations import apply_migrations
     from kdg.store.pg import Store
@@ -74,6 +75,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
     if req.chunk_rows < 1:
         raise UsageError("--chunk-rows must be at least 1")
     start, end = parse_bound(req.start, "--from"), parse_bound(req.end, "--to")
+    check_conf(req.spark_conf)
     apply_migrations(req.conn.pg_dsn)  # Postgres unreachable: a clear error before Spark starts
     replay_id = uuid.uuid4()
     with Store(req.conn.pg_dsn) as store:

@@ -84,11 +84,14 @@ def down(
 
 @app.command()
 def fetch() -> None:
-    """Download the pinned Kafka jars into the cache (done automatically by `up`)."""
+    """Download the pinned Kafka jars and Spark's Kafka connector into the cache (done on first use otherwise)."""
+    from kdg.spark.jars import spark_jars, spark_lib_dir
     from kdg.stack.jars import ensure_kafka_jars, require_java
 
     require_java()
     console.print(f"Kafka jars in {ensure_kafka_jars(err_console.print)}")
+    spark_jars(err_console.print)
+    console.print(f"Spark connector jars in {spark_lib_dir()}")
 
 
 @app.command()

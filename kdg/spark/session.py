@@ -18,6 +18,7 @@ from kdg.spark.jars import spark_jars
 from kdg.stack.jars import require_java
 
 TASK_ATTEMPTS = 4  # Spark's own default for spark.task.maxFailures on a cluster
+_OWNED = {"spark.task.maxFailures"}
 _LOCAL = re.compile(r"^local(\[(\*|\d+)(,\s*\d+)?\])?$")
 _QUIET_LOG4J = PROJECT_ROOT / "kdg" / "resources" / "spark-log4j2.properties"
 
@@ -35,15 +36,18 @@ def master_url(master: str, task_retries: bool) -> str:
     return f"local[{threads},{TASK_ATTEMPTS}]" if task_retries else f"local[{threads}]"
 
 
+def check_conf(conf: dict[str, str]) -> None:
+    """Refuse Spark properties the guarantee owns (asked before anything runs or is recorded)."""
+    for key in _OWNED & set(conf):
+        raise UsageError(f"--conf {key} is refused: the guarantee decides whether a failed task is retried")
+
+
 def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | None = None, echo=print):
     """A SparkSession for one replay. The caller stops it."""
     require_java()
     jars = spark_jars(echo=echo)
     from pyspark.sql import SparkSession
 
-    for key in ("spark.task.maxFailures",):
-        if key in (conf or {}):
-            raise UsageError(f"--conf {key} is refused: the guarantee decides whether a failed task is retried")
     builder = (SparkSession.builder.master(master_url(master, task_retries)).appName("kdg spark-replay")
                .config("spark.jars", ",".join(str(j) for j in jars))
                .config("spark.task.maxFailures", str(TASK_ATTEMPTS if task_retries else 1))
