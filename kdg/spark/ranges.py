@@ -84,8 +84,9 @@ def resolve_range(topic: str, start: Bound, end: Bound, *, partitions: list[int]
         if lo[p] < low:
             raise UsageError(f"{topic}/{p}: offset {lo[p]} is no longer in the log (deleted or compacted "
                              f"away; the partition starts at {low}); replay from {low} or later")
-        if hi[p] > high:
-            raise UsageError(f"{topic}/{p}: end offset {hi[p]} is past the end of the partition ({high})")
+        for name, offset in (("start", lo[p]), ("end", hi[p])):
+            if offset > high:
+                raise UsageError(f"{topic}/{p}: {name} offset {offset} is past the end of the partition ({high})")
         if lo[p] > hi[p]:
             raise UsageError(f"{topic}/{p}: the range starts at {lo[p]}, after its end {hi[p]}")
         if hi[p] > lo[p]:
@@ -108,7 +109,8 @@ def _offsets(bound: Bound, partitions, watermarks, stored, offsets_for_time, top
         return {p: found[p] if found.get(p, -1) >= 0 else watermarks[p][1] for p in partitions}
     found = stored()
     if not found:
-        raise UsageError(f"no offsets are stored in Postgres for this group on {topic!r}: "
-                         "use --from earliest (or a partition:offset list) for a first replay")
+        raise UsageError(f"no offsets are stored in Postgres for this group on {topic!r} (only replays and "
+                         "exactly-once consumers store them there): use --from earliest, or a partition:offset "
+                         "list, for a first replay")
     # a partition the group never stored starts at its log start (nothing of it was processed yet)
     return {p: found.get(p, watermarks[p][0] if is_start else watermarks[p][1]) for p in partitions}

@@ -1,0 +1,179 @@
+"""`kdg spark-replay` on a real local Spark against the real test stack.
+
+Each guarantee test also shows the weaker guarantee's anomaly, so the fault is known to be real.
+"""
+
+import json
+import uuid
+
+import pytest
+
+from conftest import as_json
+from kdg.kafka.admin import ensure_topic
+from kdg.store.pg import Store
+
+
+def _table() -> str:
+    return f"replay_{uuid.uuid4().hex[:8]}"
+
+
+def _one_partition_topic(conn) -> str:
+    name = f"t1-{uuid.uuid4().hex[:10]}"
+    ensure_topic(conn.bootstrap_servers, name, partitions=1)
+    return name
+
+
+def _audit(kdg, topic, table) -> dict:
+    return as_json(kdg("audit", topic, "--table", table, "--json"))
+
+
+def _replay(kdg, topic, *args, env=None, check=True):
+    return kdg("spark-replay", topic, *args, "--json", env=env, check=check, timeout=600)
+
+
+def test_exactly_once_replay_twice_adds_nothing_the_second_time(kdg, topic):
+    kdg("produce", topic, "-g", "exactly-once", "--count", 3000, "--id", f"{topic}-{{seq}}")
+    table = _table()
+    first = as_json(_replay(kdg, topic, "-g", "exactly-once", "--table", table))
+    assert (first["rows_read"], first["rows_written"], first["duplicates_dropped"]) == (3000, 3000, 0)
+    assert first["rows_per_s"] > 0 and first["tasks"] >= 1
+    again = as_json(_replay(kdg, topic, "-g", "exactly-once", "--table", table))
+    assert (again["rows_read"], again["rows_written"], again["duplicates_dropped"]) == (3000, 0, 3000)
+    audit = _audit(kdg, topic, table)
+    assert audit["balanced"] and audit["rows"] == 3000, audit
+
+    # the weaker guarantee, same range twice: every record twice
+    plain = _table()
+    for _ in range(2):
+        _replay(kdg, topic, "-g", "at-least-once", "--table", plain)
+    audit = _audit(kdg, topic, plain)
+    assert (audit["lost"], audit["duplicates"]) == (0, 3000), audit
+
+
+def test_replay_over_what_consume_wrote_and_from_stored_offsets(kdg, conn, topic, group):
+    kdg("produce", topic, "-g", "exactly-once", "--count", 2000)
+    table = _table()
+    kdg("consume", topic, "-G", group, "-g", "exactly-once", "--table", table, "-c", 800)
+    kdg("produce", topic, "-g", "exactly-once", "--count", 1000)
+
+    rest = as_json(_replay(kdg, topic, "-g", "exactly-once", "-G", group, "--from", "stored", "--table", table))
+    assert rest["rows_read"] == 3000 - 800 and rest["rows_written"] == 2200, rest
+    whole = as_json(_replay(kdg, topic, "-g", "exactly-once", "-G", group, "--from", "earliest", "--table", table))
+    assert (whole["rows_read"], whole["rows_written"]) == (3000, 0)
+    assert _audit(kdg, topic, table)["balanced"]
+
+    # the group's stored offsets now stand at the end: nothing is left to replay
+    nothing = _replay(kdg, topic, "-g", "exactly-once", "-G", group, "--from", "stored", "--table", table, check=False)
+    assert nothing.returncode == 2 and "nothing to replay" in nothing.stderr
+    with Store(conn.pg_dsn) as store:
+        runs = store.fetch("SELECT status, ranges FROM kdg_replays WHERE consumer_group = $1 ORDER BY started_at",
+                           group)
+    assert [r["status"] for r in runs] == ["done", "done"]  # the refused third run recorded nothing
+
+
+@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once", "at-most-once"])
+def test_a_task_that_dies_mid_write(kdg, conn, guarantee):
+    """The Python worker of the first task is SIGKILLed after its first chunk committed, on its first attempt."""
+    topic = _one_partition_topic(conn)
+    kdg("produce", topic, "-g", "at-least-once", "--count", 1000)  # no transaction markers: offsets 0..999
+    table, group = _table(), f"g-{uuid.uuid4().hex[:8]}"
+    proc = _replay(kdg, topic, "-g", guarantee, "-G", group, "--table", table, "--chunk-rows", 100,
+                   env={"KDG_FAULT": "spark-task-mid-write"}, check=False)
+    audit = _audit(kdg, topic, table)
+    with Store(conn.pg_dsn) as store:
+        run = store.fetch("SELECT status, error FROM kdg_replays WHERE consumer_group = $1", group)[0]
+        stored = store.stored_offsets(group, topic)
+    if guarantee == "exactly-once":
+        report = as_json(proc)
+        assert report["duplicates_dropped"] == 100  # the retry re-claimed the chunk the dead attempt wrote
+        assert (audit["lost"], audit["duplicates"]) == (0, 0), audit
+        assert (run["status"], stored) == ("done", {0: 1000})
+    elif guarantee == "at-least-once":
+        assert proc.returncode == 0, proc.stderr
+        assert audit["lost"] == 0 and audit["duplicates"] == 100, audit  # the retry wrote the first chunk again
+    else:
+        assert proc.returncode == 6 and "retries are off" in proc.stderr, proc.stderr
+        assert audit["duplicates"] == 0 and audit["lost"] == 900, audit  # only the first chunk made it
+        assert run["status"] == "done" and run["error"], run  # recorded as done BEFORE writing: the range is lost
+        assert stored == {0: 1000}
+
+
+def test_aborted_transactions_are_never_replayed_under_exactly_once(kdg, conn):
+    from confluent_kafka import Producer
+
+    topic = _one_partition_topic(conn)
+    producer = Producer({"bootstrap.servers": conn.bootstrap_servers, "transactional.id": f"txn-{topic}",
+                         "log_level": 2})
+    producer.init_transactions(30)
+    for outcome in ("aborted", "committed"):
+        producer.begin_transaction()
+        for seq in range(200):
+            producer.produce(topic, b"v", headers=[("kdg-id", f"{outcome}-{seq}".encode())])
+        producer.flush(30)
+        if outcome == "aborted":
+            producer.abort_transaction(30)
+        else:
+            producer.commit_transaction(30)
+
+    def keys(table):
+        with Store(conn.pg_dsn) as store:
+            return {r["idempotency_key"].split("-")[0] for r in store.fetch(f"SELECT idempotency_key FROM {table}")}
+
+    committed = _table()
+    report = as_json(_replay(kdg, topic, "-g", "exactly-once", "--table", committed))
+    assert report["rows_written"] == 200 and keys(committed) == {"committed"}
+    uncommitted = _table()  # read_uncommitted shows what an aborted transaction left in the log
+    report = as_json(_replay(kdg, topic, "-g", "at-least-once", "--table", uncommitted))
+    assert report["rows_written"] == 400 and keys(uncommitted) == {"aborted", "committed"}
+
+
+def test_records_without_a_key_stop_exactly_once_but_not_the_weaker_guarantees(kdg, conn):
+    from confluent_kafka import Producer
+
+    topic = _one_partition_topic(conn)
+    producer = Producer({"bootstrap.servers": conn.bootstrap_servers, "log_level": 2})
+    for seq in range(50):
+        producer.produce(topic, json.dumps({"order": f"o-{seq % 25}"}).encode())
+    producer.flush(30)
+    refused = _replay(kdg, topic, "-g", "exactly-once", "--table", _table(), check=False)
+    assert refused.returncode == 2 and "no kdg-id header" in refused.stderr, refused.stderr
+    keyed = as_json(_replay(kdg, topic, "-g", "exactly-once", "--table", _table(), "--id-from", "json:order"))
+    assert (keyed["rows_read"], keyed["rows_written"], keyed["duplicates_dropped"]) == (50, 25, 25)
+    plain = as_json(_replay(kdg, topic, "-g", "at-least-once", "--table", _table()))
+    assert plain["rows_written"] == 50  # keyed by topic/partition/offset
+
+
+def test_bad_input_is_refused_before_spark_starts_and_records_nothing(kdg, conn, topic, group):
+    kdg("produce", topic, "-g", "at-least-once", "--count", 30, "--no-ledger")
+    cases = {
+        ("does-not-exist-topic",): (2, "does not exist"),
+        (topic, "--from", "0:99999"): (2, "past the end"),
+        (topic, "--to", "7:1"): (2, "no partition 7"),
+        (topic, "--from", "latest"): (2, "nothing to replay"),
+        (topic, "--from", "yesterday"): (2, "--from 'yesterday'"),
+        (topic, "--table", "Robert'); DROP TABLE x"): (2, "must match"),
+        (topic, "--id-from", "json:a'b"): (2, "--id-from"),
+        (topic, "--conf", "spark.task.maxFailures=9"): (2, "spark.task.maxFailures"),
+        (topic, "--pg-dsn", "postgresql://kdg:s3cret-pw@127.0.0.1:1/kdg"): (5, "cannot reach Postgres"),
+    }
+    for args, (code, message) in cases.items():
+        proc = _replay(kdg, *args, "-G", group, check=False)
+        assert proc.returncode == code and message in proc.stderr, (args, proc.returncode, proc.stderr)
+        assert "Traceback" not in proc.stderr and "s3cret-pw" not in proc.stderr + proc.stdout
+    with Store(conn.pg_dsn) as store:
+        assert store.fetchval("SELECT count(*) FROM kdg_replays WHERE consumer_group = $1", group) == 0
+
+
+def test_records_deleted_from_the_log_are_named_not_skipped(kdg, conn):
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+
+    topic = _one_partition_topic(conn)
+    kdg("produce", topic, "-g", "at-least-once", "--count", 100, "--no-ledger")
+    admin = AdminClient({"bootstrap.servers": conn.bootstrap_servers})
+    for future in admin.delete_records([TopicPartition(topic, 0, 40)]).values():
+        future.result(30)
+    proc = _replay(kdg, topic, "-g", "exactly-once", "--from", "0:0", "--table", _table(), check=False)
+    assert proc.returncode == 2 and "no longer in the log" in proc.stderr and "starts at 40" in proc.stderr
+    report = as_json(_replay(kdg, topic, "-g", "exactly-once", "--table", _table()))  # earliest = 40
+    assert report["rows_read"] == 60 and report["partitions"] == {"0": {"from": 40, "to": 100}}
