@@ -43,7 +43,8 @@ def key_expression(id_kind: str | None, id_arg: str | None, *, required: bool) -
     if id_kind == "header":
         fallbacks.append(_header(id_arg))
     elif id_kind == "json":
-        fallbacks.append(f"get_json_object(cast(value as string), '$.{id_arg}')")
+        # bracket notation: the field name is taken literally, dots included, as `kdg consume` does
+        fallbacks.append(f"get_json_object(cast(value as string), '$[\\'{id_arg}\\']')")
     if id_kind == "offset" or not required:
         fallbacks.append("concat_ws('/', topic, cast(partition as string), cast(offset as string))")
     return f"coalesce({', '.join(fallbacks)})"
