@@ -45,9 +45,14 @@ class Store:
             raise ConnectionFailed(f"lost Postgres at {redact_dsn(self.dsn)}: {exc}") from exc
 
     def close(self) -> None:
+        """Close the connection and the private loop; a second call does nothing."""
+        if self._loop.is_closed():
+            return
+        closing = self.conn.close(timeout=5)
         try:
-            self._loop.run_until_complete(self.conn.close(timeout=5))
+            self._loop.run_until_complete(closing)
         except Exception:  # closing a dead connection must not hide the real error
+            closing.close()  # never awaited if the loop did not get to run it
             self.conn.terminate()
         self._loop.close()
 
