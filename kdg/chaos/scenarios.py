@@ -13,10 +13,10 @@ from typing import Callable
 
 from kdg.audit import run_audit
 from kdg.chaos.cell import Cell, finish
-from kdg.errors import UsageError
+from kdg.errors import StackError, UsageError
 from kdg.records import ID_HEADER
 from kdg.stack import cluster, kafka_node
-from kdg.stack.layout import StackLayout
+from kdg.stack.layout import HOST, StackLayout
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,8 @@ def ack_lost_duplicate(layout, echo) -> tuple[bool, str, dict]:
                 f"the idempotent producer duplicated {idem['audit']['duplicates']}"), out
 
 
-def _raw_produce(layout, topic: str, n: int, acks: str, timeout_ms: int, retries: int | None = None) -> tuple[int, int]:
+def _raw_produce(layout, topic: str, n: int, acks: str, timeout_ms: int, retries: int | None = None,
+                 bootstrap: str | None = None) -> tuple[int, int]:
     """Produce ``n`` records with plain acks (not a kdg policy) and write kdg's ledger for them.
 
     Returns (acknowledged, failed); the failures' error names are kept in ``_last_errors``.
@@ -101,7 +102,7 @@ def _raw_produce(layout, topic: str, n: int, acks: str, timeout_ms: int, retries
 
     run_id = uuid.uuid4()
     rows: list[tuple] = []
-    config = {"bootstrap.servers": layout.bootstrap_servers, "acks": acks, "enable.idempotence": False,
+    config = {"bootstrap.servers": bootstrap or layout.bootstrap_servers, "acks": acks, "enable.idempotence": False,
               "message.timeout.ms": timeout_ms, "linger.ms": 5, "log_level": 2}
     if retries is not None:
         config["retries"] = retries
@@ -126,56 +127,72 @@ def _raw_produce(layout, topic: str, n: int, acks: str, timeout_ms: int, retries
 
 _last_errors: dict[str, int] = {}
 
+# A follower's fetch waits at the leader up to replica.fetch.wait.max.ms (Kafka's default 500 ms) for
+# new records. A fetch sent just before the follower was paused is still answered, into the paused
+# follower's socket, and would carry the records across; so they are produced once it has expired.
+PARKED_FETCH_EXPIRY_S = 3.0
 
-def _replicas(layout, topic: str) -> tuple[int, list[int]]:
+
+def _replicas(layout, topic: str, until=lambda part: True, what: str = "a leader",
+              timeout: float = 60) -> tuple[int, list[int]]:
+    """Partition 0's leader and followers, once it has a leader and ``until(partition)`` holds.
+
+    Each broker learns of new topics, elections and ISR changes at its own pace, so this asks again.
+    """
+    from confluent_kafka import KafkaException
+
     from kdg.kafka.admin import admin_client
 
-    part = admin_client(layout.bootstrap_servers).list_topics(topic, timeout=10).topics[topic].partitions[0]
-    return part.leader, [r for r in part.replicas if r != part.leader]
-
-
-def acks1_leader_loss(layout, echo) -> tuple[bool, str, dict]:
-    from kdg.kafka.admin import ensure_topic
-
-    out = {}
-    for acks in ("1", "all"):
-        topic = f"scenario-acks{acks}-{uuid.uuid4().hex[:6]}"
-        ensure_topic(layout.bootstrap_servers, topic, partitions=1)
-        leader, followers = _replicas(layout, topic)
-        _say(echo, f"1. acks={acks}: topic {topic}, leader broker {leader}, followers {followers}")
-        for f in followers:
-            kafka_node.signal(layout, f, signal.SIGSTOP)
-        _say(echo, f"2. followers {followers} paused (SIGSTOP): they stay in the ISR but copy nothing")
-        acked, failed = _raw_produce(layout, topic, 200, acks, timeout_ms=8000)
-        _say(echo, f"3. produced 200 records: {acked} acknowledged, {failed} failed")
-        kafka_node.stop(layout, leader, hard=True)
-        _say(echo, f"4. leader {leader} SIGKILLed before any follower copied the records")
-        for f in followers:
-            kafka_node.signal(layout, f, signal.SIGCONT)
-        _say(echo, f"5. followers resumed; one of them is elected leader (unclean election stays off)")
-        if not _wait_leader(layout, topic, exclude=leader):
-            _say(echo, "   no other replica was elected within 180 s (a loaded machine?); the story cannot unfold")
-        cluster.start_node(layout, leader)
-        _say(echo, f"6. broker {leader} restarted; it truncates its log to the new leader's")
-        time.sleep(3)
-        out[acks] = _audit(topic, layout, echo, sink=f"kafka:{topic}")
-    ok = out["1"]["lost"] > 0 and out["all"]["lost"] == 0
-    return ok, f"acks=1 lost {out['1']['lost']} acknowledged records; acks=all lost {out['all']['lost']}", out
-
-
-def _wait_leader(layout, topic: str, exclude: int, timeout: float = 180) -> bool:
-    """Wait until a replica other than ``exclude`` leads the partition (the controllers must first
-    regain their quorum and fence the dead broker, which is slow on a loaded machine)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            leader, _ = _replicas(layout, topic)
-            if leader not in (-1, exclude):
-                return True
-        except Exception:  # metadata may be unavailable while the quorum recovers
-            pass
+            topics = admin_client(layout.bootstrap_servers).list_topics(topic, timeout=10).topics
+            part = topics[topic].partitions.get(0)
+        except (KafkaException, KeyError):  # no answer (the controllers regain their quorum) or no topic yet
+            part = None
+        if part is not None and part.leader >= 0 and until(part):
+            return part.leader, [r for r in part.replicas if r != part.leader]
         time.sleep(0.5)
-    return False
+    raise StackError(f"partition 0 of {topic} did not get {what} within {timeout:.0f}s (a loaded machine?)")
+
+
+def _leader_loss(layout, echo, acks: str) -> dict:
+    from kdg.kafka.admin import ensure_topic
+
+    topic = f"scenario-acks{acks}-{uuid.uuid4().hex[:6]}"
+    ensure_topic(layout.bootstrap_servers, topic, partitions=1)
+    leader, followers = _replicas(layout, topic)
+    _say(echo, f"1. acks={acks}: topic {topic}, leader broker {leader}, followers {followers}")
+    try:
+        for f in followers:
+            kafka_node.signal(layout, f, signal.SIGSTOP)
+        _say(echo, f"2. followers {followers} paused (SIGSTOP): they stay in the ISR but copy nothing; "
+                   f"{PARKED_FETCH_EXPIRY_S:.0f} s for the fetches they sent before the pause to expire")
+        time.sleep(PARKED_FETCH_EXPIRY_S)
+        acked, failed = _raw_produce(layout, topic, 200, acks, timeout_ms=8000,
+                                     bootstrap=f"{HOST}:{layout.client_port(leader)}")
+        _say(echo, f"3. produced 200 records to the leader: {acked} acknowledged, {failed} failed")
+        kafka_node.stop(layout, leader, hard=True)
+        _say(echo, f"4. leader {leader} SIGKILLed before any follower copied the records")
+    finally:
+        for f in followers:
+            kafka_node.signal(layout, f, signal.SIGCONT)
+    try:
+        elected, _ = _replicas(layout, topic, lambda part: part.leader != leader, "a new leader", timeout=180)
+        _say(echo, f"5. followers resumed; broker {elected} was elected from the ISR (unclean election stays off)")
+    finally:
+        cluster.start_node(layout, leader)
+    _replicas(layout, topic, lambda part: leader in part.isrs, f"broker {leader} back in its ISR", timeout=120)
+    _say(echo, f"6. broker {leader} restarted, truncated its log to the new leader's and rejoined the ISR")
+    return _audit(topic, layout, echo, sink=f"kafka:{topic}")
+
+
+def acks1_leader_loss(layout, echo) -> tuple[bool, str, dict]:
+    out = {acks: _leader_loss(layout, echo, acks) for acks in ("1", "all")}
+    acks_1, acks_all = out["1"], out["all"]
+    ok = acks_1["acked"] > 0 and acks_1["lost"] > 0 and acks_all["lost"] == 0
+    return ok, (f"acks=1 lost {acks_1['lost']} of {acks_1['acked']} acknowledged records; "
+                f"acks=all lost {acks_all['lost']} of {acks_all['acked']}"), out
 
 
 def not_enough_replicas(layout, echo) -> tuple[bool, str, dict]:

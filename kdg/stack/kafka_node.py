@@ -120,7 +120,12 @@ def start(layout: StackLayout, node: int) -> int:
             raise StackError(f"port {port} for broker {node} is taken by another process "
                              f"(choose other ports with --broker-port)")
     cmd = _java_cmd(layout, node, MAIN_CLASS, str(config_path(layout, node)))
-    return procs.start_detached(cmd, log=layout.node_dir(node) / "stdout.log", pidfile=pidfile(layout, node))
+    p = procs.start_detached(cmd, log=layout.node_dir(node) / "stdout.log", pidfile=pidfile(layout, node))
+    # Just after exec the kernel may still show an empty /proc/<pid>/cmdline, which is_running reads.
+    deadline = time.monotonic() + 10
+    while not is_running(layout, node) and procs.process_state(p) not in (None, "Z") and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return p
 
 
 def wait_listening(layout: StackLayout, node: int, timeout: float = 240.0) -> None:
