@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 KDG     = $(BIN)/kdg
 
-.PHONY: setup demo test test-fast stack-up stack-down bench clean
+.PHONY: setup demo test test-fast stack-up stack-down bench bench-spark clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -32,6 +32,10 @@ stack-down:
 
 bench: setup
 	$(BIN)/python benchmarks/produce_bench.py
+
+## bench-spark: kdg spark-replay exactly-once vs a naive Spark JDBC append, and its driver memory at 1M vs 4M records
+bench-spark: setup
+	$(BIN)/python benchmarks/spark_replay_bench.py --records 1000000 --repeat 3 --big 4000000
 
 clean:
 	-$(KDG) stack down --purge
