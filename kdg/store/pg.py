@@ -15,6 +15,8 @@ from kdg.settings import redact_dsn, sql_identifier
 from kdg.store.migrations import connect
 
 SINK_COLUMNS = ("idempotency_key", "topic", "partition", "offset", "key", "value", "headers")
+DEDUP_COLUMNS = ("sink_table", "idempotency_key", "topic", "partition", "offset")
+GROUP_SINK_COLUMNS = ("idempotency_key", "consumer_group", *SINK_COLUMNS[1:])
 LEDGER_COLUMNS = ("run_id", "idempotency_key", "topic", "seq", "status", "partition", "offset", "error")
 
 _STAGE = """CREATE TEMP TABLE IF NOT EXISTS kdg_stage (
@@ -107,12 +109,25 @@ class Store:
         return inserted
 
     def write_claimed(self, table: str, group: str, rows: list[tuple]) -> int:
-        """One transaction: claim keys, insert newly claimed rows (no offsets). Returns rows inserted."""
+        """One transaction: claim keys, insert newly claimed rows (no offsets). Returns rows inserted.
+
+        Keys never claimed before (a replay's common case) go in by COPY straight into ``kdg_dedup``
+        and the sink. A key claimed earlier, or twice in ``rows``, breaks ``kdg_dedup``'s primary
+        key; the savepoint then rolls back and the ON CONFLICT path claims only what is new.
+        """
         async def write():
             async with self.conn.transaction():
-                return await self._claim_and_insert(table, group, rows)
+                try:
+                    async with self.conn.transaction():  # a savepoint
+                        await self.conn.copy_records_to_table(
+                            "kdg_dedup", records=[(table, *r[:4]) for r in rows], columns=DEDUP_COLUMNS)
+                        await self.conn.copy_records_to_table(
+                            table, records=[(r[0], group, *r[1:]) for r in rows], columns=GROUP_SINK_COLUMNS)
+                    return len(rows)
+                except asyncpg.exceptions.UniqueViolationError:
+                    return await self._claim_and_insert(table, group, rows)
 
-        return self._run(write())
+        return self._run(write()) if rows else 0
 
     async def _claim_and_insert(self, table: str, group: str, rows: list[tuple]) -> int:
         if not rows:
