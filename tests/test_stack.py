@@ -79,3 +79,10 @@ def test_single_broker_stack_and_down_leaves_nothing_running():
     leftovers = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True).stdout.split()
     assert leftovers == []
     shutil.rmtree(state, ignore_errors=True)
+
+
+def test_cluster_ids_never_look_like_an_option():
+    from kdg.stack.kafka_node import new_cluster_id
+
+    ids = [new_cluster_id() for _ in range(5000)]  # one raw draw in 64 starts with '-'
+    assert not [i for i in ids if i.startswith("-")] and all(len(i) == 22 for i in ids)

@@ -78,7 +78,12 @@ def render_config(layout: StackLayout, node: int) -> str:
 
 
 def new_cluster_id() -> str:
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A random KRaft cluster id. Like Kafka's own Uuid.randomUuid, never one starting with '-':
+    the storage tool would read it as an option (1 draw in 64 did, failing `kdg stack up`)."""
+    while True:
+        cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not cluster_id.startswith("-"):
+            return cluster_id
 
 
 def _java_cmd(layout: StackLayout, node: int, main: str, *args: str) -> list[str]:
