@@ -76,9 +76,9 @@ def test_single_broker_stack_and_down_leaves_nothing_running():
         assert seen["replication_factors"] == [1] and seen["min.insync.replicas"] == 1
     finally:
         cluster.down(layout, purge=True)
-    leftovers = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True).stdout.split()
+        leftovers = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True).stdout.split()
+        shutil.rmtree(state, ignore_errors=True)  # also when `up` failed
     assert leftovers == []
-    shutil.rmtree(state, ignore_errors=True)
 
 
 def test_cluster_ids_never_look_like_an_option():
