@@ -38,8 +38,9 @@ def master_url(master: str, task_retries: bool) -> str:
 
 def check_conf(conf: dict[str, str]) -> None:
     """Refuse Spark properties the guarantee owns (asked before anything runs or is recorded)."""
-    for key in _OWNED & set(conf):
-        raise UsageError(f"--conf {key} is refused: the guarantee decides whether a failed task is retried")
+    owned = sorted(_OWNED & set(conf))
+    if owned:
+        raise UsageError(f"--conf {owned[0]} is refused: the guarantee decides whether a failed task is retried")
 
 
 def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | None = None, echo=print):
