@@ -127,6 +127,16 @@ tr.fail td{{background:#fdedec}} td.ev{{font-size:11px;color:#555}} img{{max-wid
 <th>verdict</th><th>note</th><th>timeline</th></tr>{''.join(rows)}</table>{imgs}</body></html>"""
 
 
+def write_results(results: dict, out_dir: Path) -> Path:
+    """Write results.json atomically (a reader never sees half a document); return its path."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / "results.json"
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(results, indent=2, default=str))
+    tmp.replace(path)
+    return path
+
+
 def write_report(results: dict, out_dir: Path) -> Path:
     """Write results.json, three PNG charts and a self-contained index.html; return the page's path."""
     import matplotlib
@@ -134,8 +144,7 @@ def write_report(results: dict, out_dir: Path) -> Path:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "results.json").write_text(json.dumps(results, indent=2, default=str))
+    write_results(results, out_dir)
     charts = {"Lost and duplicated per cell": out_dir / "anomalies.png",
               "Throughput per guarantee": out_dir / "throughput.png",
               "Fault timeline against delivered rows": out_dir / "timeline.png"}

@@ -71,21 +71,27 @@ def parse_guarantees(spec: str) -> list[str]:
 
 
 def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], messages: int, repeat: int,
-              sink: str, on_cell: Callable[[CellResult], None] | None = None) -> dict:
-    """Run the matrix; returns the results document that reports are written from."""
+              sink: str, on_cell: Callable[[dict], None] | None = None) -> dict:
+    """Run the matrix; returns the results document that reports are written from.
+
+    Repetitions are the outer loop, so a long run stopped part-way has whole matrices, not ten
+    repetitions of the first faults and none of the last. `on_cell` sees the document after each
+    cell (``complete`` stays False until the last one), so a caller can keep it on disk as it grows.
+    """
     if sink not in ("postgres", "kafka"):
         raise UsageError("--sink must be postgres or kafka")
     if messages < 100:
         raise UsageError("--messages must be at least 100, so a batch can die mid-run")
     results = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-               "messages": messages, "repeat": repeat, "sink": sink, "cells": []}
+               "messages": messages, "repeat": repeat, "sink": sink, "complete": False, "cells": []}
     started = time.monotonic()
-    for fault in faults:
-        for guarantee in guarantees:
-            for rep in range(1, repeat + 1):
+    for rep in range(1, repeat + 1):
+        for fault in faults:
+            for guarantee in guarantees:
                 result = run_cell(layout, guarantee, fault, rep, messages, sink)
                 results["cells"].append(asdict(result))
+                results["duration_s"] = round(time.monotonic() - started, 1)
                 if on_cell:
-                    on_cell(result)
-    results["duration_s"] = round(time.monotonic() - started, 1)
+                    on_cell(results)
+    results["complete"] = True
     return results

@@ -39,11 +39,16 @@ def run(
 
     layout = _layout(state_dir)
 
-    def show(cell):
+    def show(results):
+        cell = results["cells"][-1]
+        if report is not None:  # kept on disk as it grows: an interrupted long run keeps what it measured
+            from kdg.chaos.report import write_results
+
+            write_results(results, report)
         if not as_json:
-            style = "ok" if cell.verdict == "PASS" else "bad"
-            err_console.print(f"[{style}]{cell.verdict}[/{style}] {cell.guarantee} × {cell.fault} "
-                              f"#{cell.repetition}: {cell.note}")
+            style = "ok" if cell["verdict"] == "PASS" else "bad"
+            err_console.print(f"[{style}]{cell['verdict']}[/{style}] {cell['guarantee']} × {cell['fault']} "
+                              f"#{cell['repetition']}: {cell['note']}")
 
     results = run_chaos(layout, guarantees=parse_guarantees(guarantee), faults=parse_faults(faults),
                         messages=messages, repeat=repeat, sink=sink, on_cell=show)
