@@ -24,18 +24,63 @@ def _by_cell(results: dict) -> dict[tuple[str, str], list[dict]]:
     return groups
 
 
+def _spread(values: list[int]) -> dict:
+    return {"min": min(values), "median": median(values), "max": max(values)}
+
+
+def _summary_note(guarantee: str, cells: list[dict]) -> str:
+    failed = [c for c in cells if c["verdict"] != "PASS"]
+    if len(cells) == 1:
+        return cells[0]["note"]
+    if failed:
+        return f"{len(failed)} of {len(cells)} reps broke it: " + "; ".join(sorted({c["note"] for c in failed}))
+    parts = [f"{name} in {hit} of {len(cells)} reps" for name, hit in
+             (("lost", sum(1 for c in cells if c["lost"])), ("duplicates", sum(1 for c in cells if c["duplicates"])))
+             if hit]
+    if parts:
+        return ", ".join(parts) + f", allowed by {guarantee}"
+    silent = sum(1 for c in cells if not c["fault_fired"])
+    return "nothing lost, nothing duplicated" + (f" (the fault did not fire in {silent} reps)" if silent else "")
+
+
+def summarize(results: dict) -> list[dict]:
+    """One row per guarantee × fault over its repetitions: totals, per-repetition spread, verdict."""
+    rows = []
+    for (guarantee, fault), cells in _by_cell(results).items():
+        lost, dups = [c["lost"] for c in cells], [c["duplicates"] for c in cells]
+        rows.append({"guarantee": guarantee, "fault": fault, "reps": len(cells),
+                     "fired": sum(1 for c in cells if c["fault_fired"]),
+                     "lost": sum(lost), "duplicates": sum(dups),
+                     "lost_per_rep": _spread(lost), "duplicates_per_rep": _spread(dups),
+                     "verdict": "PASS" if all(c["verdict"] == "PASS" for c in cells) else "FAIL",
+                     "note": _summary_note(guarantee, cells)})
+    return rows
+
+
+def _amount(row: dict, name: str) -> str:
+    spread = row[f"{name}_per_rep"]
+    text = f"{row[name]:,}"
+    if row["reps"] > 1 and row[name]:
+        text += f" ({spread['min']:,}–{spread['max']:,} per rep, median {spread['median']:,g})"
+    return text
+
+
+def _title(results: dict) -> str:
+    done = "" if results.get("complete", True) else f" — stopped after {len(results['cells'])} cells"
+    return (f"kdg chaos — {results['messages']:,} messages × {results['repeat']} rep(s), "
+            f"sink {results['sink']}{done}")
+
+
 def summary_table(results: dict) -> Table:
     """One row per guarantee × fault, repetitions summed; verdict styled with the theme's ok/bad."""
-    table = Table(title=f"kdg chaos — {results['messages']} messages × {results['repeat']} rep(s), "
-                        f"sink {results['sink']}", title_justify="left")
-    for col in ("guarantee", "fault", "reps", "lost", "duplicates", "verdict", "note"):
+    table = Table(title=_title(results), title_justify="left")
+    for col in ("guarantee", "fault", "reps", "fired", "lost", "duplicates", "verdict", "note"):
         table.add_column(col)
-    for (guarantee, fault), cells in _by_cell(results).items():
-        ok = all(c["verdict"] == "PASS" for c in cells)
-        style = "ok" if ok else "bad"
-        notes = "; ".join(sorted({c["note"] for c in cells}))
-        table.add_row(guarantee, fault, str(len(cells)), str(sum(c["lost"] for c in cells)),
-                      str(sum(c["duplicates"] for c in cells)), f"[{style}]{'PASS' if ok else 'FAIL'}[/{style}]", notes)
+    for row in summarize(results):
+        style = "ok" if row["verdict"] == "PASS" else "bad"
+        table.add_row(row["guarantee"], row["fault"], str(row["reps"]), f"{row['fired']}/{row['reps']}",
+                      _amount(row, "lost"), _amount(row, "duplicates"),
+                      f"[{style}]{row['verdict']}[/{style}]", row["note"])
     return table
 
 
@@ -114,17 +159,52 @@ def _html(results: dict, charts: dict[str, Path]) -> str:
         rows.append(f"<tr class={cls}><td>{e(c['guarantee'])}</td><td>{e(c['fault'])}</td><td>{c['repetition']}</td>"
                     f"<td>{c['acked']}</td><td>{c['lost']}</td><td>{c['duplicates']}</td>"
                     f"<td>{e(c['verdict'])}</td><td>{e(c['note'])}</td><td class=ev>{events}</td></tr>")
+    summary = []
+    for row in summarize(results):
+        cls = "pass" if row["verdict"] == "PASS" else "fail"
+        summary.append(f"<tr class={cls}><td>{e(row['guarantee'])}</td><td>{e(row['fault'])}</td><td>{row['reps']}</td>"
+                       f"<td>{row['fired']}/{row['reps']}</td><td>{e(_amount(row, 'lost'))}</td>"
+                       f"<td>{e(_amount(row, 'duplicates'))}</td><td>{row['verdict']}</td><td>{e(row['note'])}</td></tr>")
     imgs = "".join(f"<h2>{e(title)}</h2>{_img(path, title)}" for title, path in charts.items())
     return f"""<!doctype html><html><head><meta charset="utf-8"><title>kdg chaos report</title><style>
 body{{font-family:system-ui,sans-serif;margin:2em;max-width:1200px}} table{{border-collapse:collapse;font-size:13px}}
 td,th{{border:1px solid #ccc;padding:4px 6px;vertical-align:top}} tr.pass td{{background:#eafaf1}}
 tr.fail td{{background:#fdedec}} td.ev{{font-size:11px;color:#555}} img{{max-width:100%}}</style></head><body>
-<h1>kdg chaos report</h1>
-<p>{e(str(results['started_at']))} · {e(str(results['machine']))} · {results['messages']} messages per cell ·
-{results['repeat']} repetition(s) · sink {e(str(results['sink']))}</p>
+<h1>{e(_title(results))}</h1>
+<p>{e(str(results['started_at']))} · {e(str(results['machine']))} · {results.get('duration_s', 0):,.0f} s</p>
 <p>Rules: exactly-once → 0 lost and 0 duplicates; at-least-once → 0 lost; at-most-once → 0 duplicates.</p>
+<h2>Guarantee × fault</h2>
+<table><tr><th>guarantee</th><th>fault</th><th>reps</th><th>fault fired</th><th>lost</th><th>duplicates</th>
+<th>verdict</th><th>note</th></tr>{''.join(summary)}</table>
+<h2>Every repetition</h2>
 <table><tr><th>guarantee</th><th>fault</th><th>rep</th><th>acked</th><th>lost</th><th>duplicates</th>
 <th>verdict</th><th>note</th><th>timeline</th></tr>{''.join(rows)}</table>{imgs}</body></html>"""
+
+
+REQUIRED = ("started_at", "machine", "messages", "repeat", "sink", "cells")
+CELL_REQUIRED = ("guarantee", "fault", "repetition", "acked", "lost", "duplicates", "verdict", "note", "fault_fired")
+
+
+def load_results(path: Path) -> dict:
+    """Read a results.json written by `kdg chaos run --report` (whole, or kept after an interrupted run)."""
+    from kdg.errors import UsageError
+
+    try:
+        results = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file (a chaos run with --report DIR writes DIR/results.json)") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise UsageError(f"{path}: not a chaos results file ({exc})") from None
+    missing = [k for k in REQUIRED if not isinstance(results, dict) or k not in results]
+    if missing:
+        raise UsageError(f"{path}: not a chaos results file (missing {', '.join(missing)})")
+    for i, cell in enumerate(results["cells"]):
+        gaps = [k for k in CELL_REQUIRED if not isinstance(cell, dict) or k not in cell]
+        if gaps:
+            raise UsageError(f"{path}: cell {i + 1} lacks {', '.join(gaps)}")
+    if not results["cells"]:
+        raise UsageError(f"{path}: holds no cells yet (the run stopped before its first cell ended)")
+    return results
 
 
 def write_results(results: dict, out_dir: Path) -> Path:

@@ -52,21 +52,37 @@ def run(
 
     results = run_chaos(layout, guarantees=parse_guarantees(guarantee), faults=parse_faults(faults),
                         messages=messages, repeat=repeat, sink=sink, on_cell=show)
-    if report is not None:
-        from kdg.chaos.report import write_report
+    _publish(results, report, as_json)
 
+
+def _publish(results: dict, report: Optional[Path], as_json: bool) -> None:
+    """Summary, report files, table or JSON; exit 7 when any cell broke its guarantee."""
+    from kdg.chaos.report import summarize, summary_table, write_report
+
+    results["summary"] = summarize(results)
+    if report is not None:
         results["report"] = str(write_report(results, report))
     if as_json:
         print_json(results)
     else:
-        from kdg.chaos.report import summary_table
-
         console.print(summary_table(results))
         if report is not None:
             console.print(f"report: {results['report']}")
     failed = [c for c in results["cells"] if c["verdict"] != "PASS"]
     if failed:
         raise CheckFailed(f"{len(failed)} cell(s) broke their guarantee")
+
+
+@app.command("report")
+def report_(
+    results_file: Annotated[Path, typer.Argument(help="A results.json written by `kdg chaos run --report DIR`.")],
+    out: Annotated[Optional[Path], typer.Option(help="Write the page and charts here (default: the file's folder).")] = None,
+    as_json: Json = False,
+) -> None:
+    """Render the page, charts and table again from a results.json — also one an interrupted run kept."""
+    from kdg.chaos.report import load_results
+
+    _publish(load_results(results_file), out or results_file.parent, as_json)
 
 
 @app.command()
