@@ -1,7 +1,7 @@
 """`kdg audit`: compare what the producer ledger says was acknowledged with what reached the sink."""
 
 import time
-from collections import Counter
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
 from kdg.records import ID_HEADER
@@ -36,31 +36,52 @@ class AuditReport:
         return asdict(self) | {"balanced": self.balanced}
 
 
-def _ledger(store, topic: str) -> tuple[set[str], int]:
-    rows = store.fetch("""SELECT idempotency_key, bool_or(status <> 'failed') AS ok
-                          FROM kdg_ledger WHERE topic = $1 GROUP BY idempotency_key""", topic)
-    acked = {r["idempotency_key"] for r in rows if r["ok"]}
-    return acked, len(rows) - len(acked)
+# Every count is made in Postgres, so an audit of 100M records needs no more client memory than
+# one of 100: the ledger, the sink's keys and the dead-lettered keys are joined server-side.
+_KEYS = """CREATE TEMP TABLE {name} (idempotency_key text NOT NULL)"""
+
+_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq)
+WITH led AS (SELECT idempotency_key, bool_or(status <> 'failed') AS ok
+             FROM kdg_ledger WHERE topic = $1 GROUP BY idempotency_key),
+     got AS ({got}),
+     dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dead)
+SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false)
+FROM led FULL JOIN got USING (idempotency_key) LEFT JOIN dead USING (idempotency_key)"""
+
+_GOT_PG = """SELECT idempotency_key, count(*) AS n FROM {table}
+             WHERE topic = $1 AND ($2::text IS NULL OR consumer_group = $2) GROUP BY idempotency_key"""
+_GOT_TOPIC = "SELECT idempotency_key, count(*) AS n FROM kdg_audit_got GROUP BY idempotency_key"
+
+_TOTALS = """SELECT count(*) FILTER (WHERE ok) AS acked,
+                    count(*) FILTER (WHERE NOT ok) AS failed,
+                    count(n) AS processed_unique,
+                    coalesce(sum(n), 0)::bigint AS rows,
+                    count(*) FILTER (WHERE ok AND n IS NULL AND NOT dlq) AS lost,
+                    coalesce(sum(n - 1), 0)::bigint AS duplicates,
+                    count(*) FILTER (WHERE n IS NOT NULL AND ok IS NOT TRUE) AS unexpected,
+                    (SELECT count(DISTINCT idempotency_key) FROM kdg_audit_dead) AS dead_lettered
+             FROM kdg_audit"""
+
+_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq", "duplicated": "n > 1", "unexpected": "n IS NOT NULL AND ok IS NOT TRUE"}
 
 
-def _sink_counts_pg(store, table: str, topic: str, group: str | None) -> Counter:
-    rows = store.fetch(f"""SELECT idempotency_key, count(*) AS n FROM {table}
-                           WHERE topic = $1 AND ($2::text IS NULL OR consumer_group = $2)
-                           GROUP BY idempotency_key""", topic, group)
-    return Counter({r["idempotency_key"]: r["n"] for r in rows})
+def _load_topic_keys(store, name: str, conn: Connection, topic: str) -> None:
+    """Stream the ``kdg-id`` headers of ``topic`` into temp table ``name``, a batch at a time."""
+    store.execute(_KEYS.format(name=name))
+    for keys in iter_topic_keys(conn.bootstrap_servers, topic, conn.extra):
+        store.copy_rows(name, [(k,) for k in keys], ("idempotency_key",))
 
 
-def read_topic_keys(bootstrap: str, topic: str, extra: dict) -> Counter:
-    """Count ``kdg-id`` headers in ``topic`` (read_committed) from the beginning to the end."""
+def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[str]]:
+    """Yield the ``kdg-id`` headers of ``topic`` (read_committed), a batch at a time, beginning to end."""
     from confluent_kafka import Consumer, TopicPartition
 
     from kdg.kafka.admin import topic_partitions, watermarks
 
-    counts: Counter = Counter()
     try:
         ends = watermarks(bootstrap, topic, extra)
     except Exception:  # no such topic: nothing was written to it
-        return counts
+        return
     consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kdg-audit", "enable.auto.commit": False, "log_level": 2,
                          "isolation.level": "read_committed", **extra})
     todo = {p for p, (low, high) in ends.items() if high > low}
@@ -71,14 +92,17 @@ def read_topic_keys(bootstrap: str, topic: str, extra: dict) -> Counter:
             msgs = consumer.consume(10_000, 1.0)
             if msgs:
                 idle_since = time.monotonic()
+            keys = []
             for msg in msgs:
                 if msg.error():
                     continue
                 key = dict(msg.headers() or []).get(ID_HEADER)
                 if key is not None:
-                    counts[key.decode()] += 1
+                    keys.append(key.decode(errors="replace"))
                 if msg.offset() + 1 >= ends[msg.partition()][1]:
                     todo.discard(msg.partition())
+            if keys:
+                yield keys
             # a partition whose last offsets are transaction markers never yields its end offset
             for p in list(todo):
                 pos = consumer.position([TopicPartition(topic, p)])[0].offset
@@ -86,7 +110,6 @@ def read_topic_keys(bootstrap: str, topic: str, extra: dict) -> Counter:
                     todo.discard(p)
     finally:
         consumer.close()
-    return counts
 
 
 def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: str = "kdg_events",
@@ -96,22 +119,16 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
     kind, out_topic = parse_sink(sink)
     report = AuditReport(topic=topic, sink=sink, group=group)
     with Store(conn.pg_dsn) as store:
-        acked, report.failed = _ledger(store, topic)
+        _load_topic_keys(store, "kdg_audit_dead", conn, dlq_topic(topic))
         if kind == "kafka":
-            got = read_topic_keys(conn.bootstrap_servers, out_topic, conn.extra)
+            _load_topic_keys(store, "kdg_audit_got", conn, out_topic)
+            got, args = _GOT_TOPIC, (topic,)
         else:
-            got = _sink_counts_pg(store, sql_identifier(table), topic, group)
-    dead = set(read_topic_keys(conn.bootstrap_servers, dlq_topic(topic), conn.extra))
-    report.acked = len(acked)
-    report.processed_unique = len(got)
-    report.rows = sum(got.values())
-    report.dead_lettered = len(dead)
-    lost = acked - set(got) - dead
-    dups = {k: n for k, n in got.items() if n > 1}
-    unexpected = set(got) - acked
-    report.lost = len(lost)
-    report.duplicates = sum(n - 1 for n in dups.values())
-    report.unexpected = len(unexpected)
-    report.examples = {"lost": sorted(lost)[:EXAMPLES], "duplicated": sorted(dups)[:EXAMPLES],
-                       "unexpected": sorted(unexpected)[:EXAMPLES]}
+            got, args = _GOT_PG.format(table=sql_identifier(table)), (topic, group)
+        store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean)")
+        store.execute(_JOIN.format(got=got), *args)
+        for name, value in store.fetch(_TOTALS)[0].items():
+            setattr(report, name, value)
+        report.examples = {name: [r["k"] for r in store.fetch(
+            f"SELECT k FROM kdg_audit WHERE {where} ORDER BY k LIMIT {EXAMPLES}")] for name, where in _EXAMPLES.items()}
     return report

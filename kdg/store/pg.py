@@ -230,8 +230,15 @@ class Store:
             run_id, json.dumps(summary)))
 
     def copy_ledger(self, rows: list[tuple]) -> None:
+        self.copy_rows("kdg_ledger", rows, LEDGER_COLUMNS)
+
+    def copy_rows(self, table: str, rows: list[tuple], columns: tuple[str, ...]) -> None:
+        """COPY ``rows`` into ``table`` (a name kdg chose, never the user's)."""
         if rows:
-            self._run(self.conn.copy_records_to_table("kdg_ledger", records=rows, columns=LEDGER_COLUMNS))
+            self._run(self.conn.copy_records_to_table(table, records=rows, columns=columns))
+
+    def execute(self, sql: str, *args) -> str:
+        return self._run(self.conn.execute(sql, *args))
 
     def fetch(self, sql: str, *args):
         return self._run(self.conn.fetch(sql, *args))
