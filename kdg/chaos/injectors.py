@@ -131,7 +131,7 @@ def min_isr(cell: Cell) -> None:
         kafka_node.stop(cell.layout, node)
     cell.event(f"brokers {stopped} stopped cleanly; 1 of 3 replicas left, min.insync.replicas=2")
     probe = Producer({"bootstrap.servers": cell.layout.bootstrap_servers, "acks": "all", "retries": 0,
-                      "message.timeout.ms": 10_000})
+                      "message.timeout.ms": 10_000, "log_level": 2})  # the stopped brokers refuse connections: expected, not news
     errors = []
     probe.produce(cell.topic, b"probe", on_delivery=lambda err, msg: errors.append(err))
     probe.flush(15)
