@@ -130,8 +130,9 @@ def min_isr(cell: Cell) -> None:
     for node in stopped:
         kafka_node.stop(cell.layout, node)
     cell.event(f"brokers {stopped} stopped cleanly; 1 of 3 replicas left, min.insync.replicas=2")
+    # log_level 2: the stopped brokers refuse connections, which is the point, not news for the terminal
     probe = Producer({"bootstrap.servers": cell.layout.bootstrap_servers, "acks": "all", "retries": 0,
-                      "message.timeout.ms": 10_000, "log_level": 2})  # the stopped brokers refuse connections: expected, not news
+                      "message.timeout.ms": 10_000, "log_level": 2})
     errors = []
     probe.produce(cell.topic, b"probe", on_delivery=lambda err, msg: errors.append(err))
     probe.flush(15)
