@@ -19,6 +19,23 @@ def test_round_trip_into_postgres_balances(kdg, topic, group, guarantee):
     assert (audit["acked"], audit["processed_unique"], audit["lost"], audit["duplicates"]) == (3000, 3000, 0, 0)
 
 
+def test_exactly_once_consumer_drops_keys_it_already_wrote(kdg, topic):
+    """The same 500 keys sent twice (a producer re-run): exactly-once writes each once, at-least-once twice.
+
+    The second send lands in the same consume batch as the first, and in later batches, so both the
+    batch-internal repeat and the claim made by an earlier transaction are exercised.
+    """
+    for _ in range(2):
+        kdg("produce", topic, "-g", "at-least-once", "--count", 500, "--id", "order-{seq}", "--json")
+    once, twice = f"eo-{topic}", f"alo-{topic}"
+    eo = as_json(kdg("consume", topic, "-G", once, "-g", "exactly-once", "-e", "--batch-size", 300, "--json"))
+    assert (eo["consumed"], eo["processed"], eo["duplicates_suppressed"]) == (1000, 1000, 500)
+    assert as_json(kdg("audit", topic, "-G", once, "--json"))["duplicates"] == 0
+    as_json(kdg("consume", topic, "-G", twice, "-g", "at-least-once", "-e", "--batch-size", 300, "--json"))
+    audit = as_json(kdg("audit", topic, "-G", twice, "--json"))
+    assert (audit["lost"], audit["duplicates"], audit["processed_unique"]) == (0, 500, 500)
+
+
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
 def test_round_trip_through_kafka_sink(kdg, topic, group, guarantee):
     kdg("produce", topic, "-g", guarantee, "--count", 2000, "--json")

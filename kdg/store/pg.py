@@ -109,29 +109,31 @@ class Store:
         return inserted
 
     def write_claimed(self, table: str, group: str, rows: list[tuple]) -> int:
-        """One transaction: claim keys, insert newly claimed rows (no offsets). Returns rows inserted.
-
-        Keys never claimed before (a replay's common case) go in by COPY straight into ``kdg_dedup``
-        and the sink. A key claimed earlier, or twice in ``rows``, breaks ``kdg_dedup``'s primary
-        key; the savepoint then rolls back and the ON CONFLICT path claims only what is new.
-        """
+        """One transaction: claim keys, insert newly claimed rows (no offsets). Returns rows inserted."""
         async def write():
             async with self.conn.transaction():
-                try:
-                    async with self.conn.transaction():  # a savepoint
-                        await self.conn.copy_records_to_table(
-                            "kdg_dedup", records=[(table, *r[:4]) for r in rows], columns=DEDUP_COLUMNS)
-                        await self.conn.copy_records_to_table(
-                            table, records=[(r[0], group, *r[1:]) for r in rows], columns=GROUP_SINK_COLUMNS)
-                    return len(rows)
-                except asyncpg.exceptions.UniqueViolationError:
-                    return await self._claim_and_insert(table, group, rows)
+                return await self._claim_and_insert(table, group, rows)
 
         return self._run(write()) if rows else 0
 
     async def _claim_and_insert(self, table: str, group: str, rows: list[tuple]) -> int:
+        """Claim each row's key in ``kdg_dedup`` and insert the rows whose claim is new (inside a transaction).
+
+        Keys never claimed before (the common case) go in by COPY straight into ``kdg_dedup`` and
+        the sink. A key claimed earlier, or twice in ``rows``, breaks ``kdg_dedup``'s primary key;
+        the savepoint then rolls back and the ON CONFLICT path claims only what is new.
+        """
         if not rows:
             return 0
+        try:
+            async with self.conn.transaction():  # a savepoint
+                await self.conn.copy_records_to_table(
+                    "kdg_dedup", records=[(table, *r[:4]) for r in rows], columns=DEDUP_COLUMNS)
+                await self.conn.copy_records_to_table(
+                    table, records=[(r[0], group, *r[1:]) for r in rows], columns=GROUP_SINK_COLUMNS)
+            return len(rows)
+        except asyncpg.exceptions.UniqueViolationError:
+            pass
         await self.conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
         # ON CONFLICT DO NOTHING also skips a key repeated within the batch: the first
         # staged copy wins, and only the claimed (key, partition, offset) rows are inserted.
