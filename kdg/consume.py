@@ -119,32 +119,43 @@ def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue):
 
 
 def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool) -> Batch:
-    """Turn messages into a batch: good records with keys, and dead letters with a reason."""
+    """Turn messages into a batch: good records with keys, and dead letters with a reason.
+
+    This runs once per record, so it reads each message once and keeps to local names.
+    """
     batch = Batch()
+    records, dead, first, after = batch.records, batch.dead, batch.first_offsets, batch.next_offsets
+    max_bytes, utf8 = req.max_bytes, req.require_utf8
     for msg in msgs:
-        rec = Record(value=msg.value(), key=msg.key(), headers=list(msg.headers() or []), topic=msg.topic(),
-                     partition=msg.partition(), offset=msg.offset(), timestamp=msg.timestamp()[1])
-        batch.note_offset(rec.topic, rec.partition, rec.offset)
+        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        rec = Record(msg.value(), msg.key(), msg.headers() or [], partition, topic, offset, msg.timestamp()[1])
+        tp = (topic, partition)
+        if tp not in first:
+            first[tp] = offset
+        if offset >= after.get(tp, 0):
+            after[tp] = offset + 1
         value = rec.value or b""
-        if len(value) > req.max_bytes:
-            batch.dead.append((rec, f"oversize: {len(value)} bytes > {req.max_bytes}", rec.idempotency_key))
+        if len(value) > max_bytes:
+            dead.append((rec, f"oversize: {len(value)} bytes > {max_bytes}", rec.idempotency_key))
             continue
-        if req.require_utf8:
+        if utf8:
             try:
                 value.decode("utf-8")
             except UnicodeDecodeError as exc:
-                batch.dead.append((rec, f"not UTF-8: {exc.reason} at byte {exc.start}", rec.idempotency_key))
+                dead.append((rec, f"not UTF-8: {exc.reason} at byte {exc.start}", rec.idempotency_key))
                 continue
         try:
             key = resolver.key(rec)
         except ValueError as exc:
-            batch.dead.append((rec, f"bad JSON: {exc}", None))
+            dead.append((rec, f"bad JSON: {exc}", None))
             continue
-        if key is None and must_have_key:
-            raise UsageError(f"record {rec.topic}/{rec.partition}/{rec.offset} has no kdg-id header and no "
-                             "--id-from was given; exactly-once needs an idempotency key for every record "
-                             "(nothing of this batch was written)")
-        batch.records.append((rec, key if key is not None else f"{rec.topic}/{rec.partition}/{rec.offset}"))
+        if key is None:
+            if must_have_key:
+                raise UsageError(f"record {topic}/{partition}/{offset} has no kdg-id header and no "
+                                 "--id-from was given; exactly-once needs an idempotency key for every record "
+                                 "(nothing of this batch was written)")
+            key = f"{topic}/{partition}/{offset}"
+        records.append((rec, key))
     return batch
 
 

@@ -18,11 +18,6 @@ class Batch:
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     first_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
 
-    def note_offset(self, topic: str, partition: int, offset: int) -> None:
-        tp = (topic, partition)
-        self.first_offsets.setdefault(tp, offset)
-        self.next_offsets[tp] = max(self.next_offsets.get(tp, 0), offset + 1)
-
     def __len__(self) -> int:
         return len(self.records) + len(self.dead)
 
