@@ -1,0 +1,53 @@
+"""The Postgres sink's row building, checked against the obvious (slower) way of doing it."""
+
+import json
+
+import confluent_kafka
+import pytest
+
+from kdg.consume import ConsumeRequest, KeyResolver, _sort
+from kdg.errors import UsageError
+from kdg.settings import Connection
+from kdg.sinks.postgres import _headers_json
+
+HEADER_CASES = [
+    [],
+    [("kdg-id", b"0190f1c2-3b4d-7e8f-9a0b-1c2d3e4f5a6b"), ("kdg-seq", b"12")],
+    [("quote\"back\\slash", b"tab\there\nnewline"), ("empty", b""), ("none", None)],
+    [("unicode-\u00e9", "z\u00fcrich \u2603 \U0001F600".encode()), ("bad-utf8", b"\xff\xfeok")],
+]
+
+
+@pytest.mark.parametrize("headers", HEADER_CASES)
+def test_headers_json_is_what_json_dumps_writes(headers):
+    expected = json.dumps({k: None if v is None else v.decode("utf-8", "replace") for k, v in headers},
+                          separators=(",", ":"))
+    assert json.loads(_headers_json(headers)) == json.loads(expected)
+    assert _headers_json(headers) == expected
+
+
+def test_a_repeated_header_keeps_the_last_value_as_jsonb_does():
+    assert json.loads(_headers_json([("a", b"1"), ("a", b"2")])) == {"a": "2"}
+
+
+def _msg(partition, offset, value=b"v", headers=None):
+    return confluent_kafka.Message(topic="t", partition=partition, offset=offset, key=None, value=value,
+                                   headers=headers, timestamp=(1, 1_700_000_000_000))
+
+
+def test_sort_keys_offsets_and_dead_letters():
+    req = ConsumeRequest("t", "g", "at-least-once", Connection("b", "d"), max_bytes=10)
+    msgs = [_msg(0, 7, headers=[("kdg-id", b"k7")]), _msg(1, 3), _msg(0, 8, value=b"\xff"),
+            _msg(1, 4, value=b"x" * 11), _msg(0, 9, headers=[("kdg-id", b"k9")])]
+    batch = _sort(msgs, KeyResolver(None), req, must_have_key=False)
+    assert [key for _, key in batch.records] == ["k7", "t/1/3", "k9"]  # no key: topic/partition/offset
+    assert [reason.split(":")[0] for _, reason, _ in batch.dead] == ["not UTF-8", "oversize"]
+    assert batch.first_offsets == {("t", 0): 7, ("t", 1): 3}
+    assert batch.next_offsets == {("t", 0): 10, ("t", 1): 5}
+    assert len(batch) == 5
+
+
+def test_sort_refuses_a_keyless_record_when_keys_are_required():
+    req = ConsumeRequest("t", "g", "exactly-once", Connection("b", "d"))
+    with pytest.raises(UsageError, match="t/2/5 has no kdg-id header"):
+        _sort([_msg(2, 5)], KeyResolver(None), req, must_have_key=True)
