@@ -4,7 +4,6 @@ import base64
 import json
 import random
 import time
-import uuid
 from dataclasses import dataclass, field
 
 from kdg.errors import UsageError
@@ -14,13 +13,16 @@ SEQ_HEADER = "kdg-seq"
 
 
 def uuid7() -> str:
-    """A time-ordered UUID (version 7): 48 bits of Unix milliseconds, then random bits."""
+    """A time-ordered UUID (version 7): 48 bits of Unix milliseconds, then random bits.
+
+    Formatted by hand: ``str(uuid.UUID(int=…))`` costs more than the rest of sending a record.
+    """
     ms = time.time_ns() // 1_000_000
-    rand = random.getrandbits(80)  # re-seeded after fork; keys need uniqueness, not secrecy
-    value = (ms & ((1 << 48) - 1)) << 80 | rand & ((1 << 80) - 1)
-    value = (value & ~(0xF << 76)) | (0x7 << 76)          # version 7
-    value = (value & ~(0x3 << 62)) | (0x2 << 62)          # RFC 4122 variant
-    return str(uuid.UUID(int=value))
+    rand = random.getrandbits(74)  # re-seeded after fork; keys need uniqueness, not secrecy
+    high = (ms & 0xFFFF_FFFF_FFFF) << 16 | 0x7000 | rand >> 62      # time, version 7, 12 random bits
+    low = 0x8000_0000_0000_0000 | rand & 0x3FFF_FFFF_FFFF_FFFF      # RFC 4122 variant, 62 random bits
+    h = f"{high:016x}{low:016x}"
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
 
 
 def id_maker(template: str | None):

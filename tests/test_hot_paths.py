@@ -1,12 +1,16 @@
-"""The Postgres sink's row building, checked against the obvious (slower) way of doing it."""
+"""The per-record code of produce and consume, checked against the obvious (slower) way of doing it."""
 
 import json
+import time
+import uuid
 
 import confluent_kafka
 import pytest
 
 from kdg.consume import ConsumeRequest, KeyResolver, _sort
 from kdg.errors import UsageError
+from kdg.produce import _stamp
+from kdg.records import Record, id_maker, uuid7
 from kdg.settings import Connection
 from kdg.sinks.postgres import _headers_json
 
@@ -51,3 +55,30 @@ def test_sort_refuses_a_keyless_record_when_keys_are_required():
     req = ConsumeRequest("t", "g", "exactly-once", Connection("b", "d"))
     with pytest.raises(UsageError, match="t/2/5 has no kdg-id header"):
         _sort([_msg(2, 5)], KeyResolver(None), req, must_have_key=True)
+
+
+def test_uuid7_is_a_version_7_uuid_ordered_by_time():
+    before = time.time_ns() // 1_000_000
+    keys = [uuid7() for _ in range(20_000)]
+    after = time.time_ns() // 1_000_000
+    assert len(set(keys)) == len(keys)
+    for key in keys[:100] + keys[-100:]:
+        parsed = uuid.UUID(key)
+        assert str(parsed) == key  # canonical lower-case 8-4-4-4-12 form
+        assert parsed.version == 7 and parsed.variant == uuid.RFC_4122
+        assert before <= parsed.int >> 80 <= after
+    assert [k[:13] for k in keys] == sorted(k[:13] for k in keys)  # the millisecond prefix never goes back
+
+
+def test_stamp_adds_a_key_and_a_sequence_only_when_missing():
+    fresh = Record(b"v", headers=[("x", b"1")])
+    key, seq = _stamp(fresh, 41, id_maker("order-{seq}"))
+    assert (key, seq) == ("order-41", 41)
+    assert fresh.headers == [("x", b"1"), ("kdg-id", b"order-41"), ("kdg-seq", b"41")]
+    replayed = Record(b"v", headers=[("kdg-seq", b"7"), ("kdg-id", b"first"), ("kdg-id", b"second")])
+    assert _stamp(replayed, 0, id_maker(None)) == ("first", 7)  # the first header counts, as Record.header reads
+    assert len(replayed.headers) == 3
+    odd = Record(b"v", headers=[("kdg-id", None), ("kdg-seq", b"not-a-number")])
+    key, seq = _stamp(odd, 5, id_maker("k-{seq}"))
+    assert (key, seq) == ("k-5", 5)  # a None id is no id; a bad sequence keeps the record's position
+    assert odd.headers[-1] == ("kdg-id", b"k-5") and len(odd.headers) == 3
