@@ -98,7 +98,7 @@ def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[st
                     continue
                 key = dict(msg.headers() or []).get(ID_HEADER)
                 if key is not None:
-                    keys.append(key.decode(errors="replace"))
+                    keys.append(key.decode(errors="replace").replace("\x00", "\ufffd"))  # text holds no NUL
                 if msg.offset() + 1 >= ends[msg.partition()][1]:
                     todo.discard(msg.partition())
             if keys:
@@ -130,5 +130,5 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
         for name, value in store.fetch(_TOTALS)[0].items():
             setattr(report, name, value)
         report.examples = {name: [r["k"] for r in store.fetch(
-            f"SELECT k FROM kdg_audit WHERE {where} ORDER BY k LIMIT {EXAMPLES}")] for name, where in _EXAMPLES.items()}
+            f'SELECT k FROM kdg_audit WHERE {where} ORDER BY k COLLATE "C" LIMIT {EXAMPLES}')] for name, where in _EXAMPLES.items()}
     return report

@@ -105,8 +105,11 @@ def _stamp(rec: Record, seq: int, make_id) -> tuple[str, int]:
         key = raw_id.decode("utf-8", "replace")
     if raw_seq is _ABSENT or raw_seq is None:
         rec.headers.append((SEQ_HEADER, str(seq).encode()))
-    elif raw_seq.isdigit():
-        seq = int(raw_seq)
+    else:
+        try:
+            seq = int(raw_seq)
+        except ValueError:
+            pass
     return key, seq
 
 

@@ -92,8 +92,14 @@ def test_a_partial_run_is_labelled_as_such(tmp_path):
 @pytest.mark.parametrize("content, says", [
     (None, "no such file"),
     ("{not json", "not a chaos results file"),
-    ('{"cells": []}', "missing started_at"),
-    (json.dumps({**RESULTS, "cells": [{"guarantee": "exactly-once"}]}), "cell 1 lacks fault"),
+    ("[1, 2]", "not a JSON object"),
+    ('{"cells": []}', r"started_at \(missing\)"),
+    (json.dumps({**RESULTS, "cells": None}), r"cells \(not list\)"),
+    (json.dumps({**RESULTS, "messages": "2000"}), r"messages \(not int\)"),
+    (json.dumps({**RESULTS, "cells": [{"guarantee": "exactly-once"}]}), r"cell 1: fault \(missing\)"),
+    (json.dumps({**RESULTS, "cells": [{**RESULTS["cells"][0], "lost": "3"}]}), r"cell 1: lost \(not int\)"),
+    (json.dumps({**RESULTS, "cells": [{k: v for k, v in RESULTS["cells"][0].items() if k != "produce_msgs_per_s"}]}),
+     r"produce_msgs_per_s \(missing\)"),
     (json.dumps({**RESULTS, "cells": []}), "holds no cells yet"),
 ])
 def test_load_results_refuses_what_is_not_a_results_file(tmp_path, content, says):
@@ -112,7 +118,22 @@ def test_chaos_report_command(tmp_path):
     assert proc.returncode == 7, proc.stderr
     assert "broke their guarantee" in proc.stderr and "Traceback" not in proc.stderr
     assert (tmp_path / "page" / "index.html").exists() and (tmp_path / "page" / "timeline.png").exists()
+    assert not (tmp_path / "page" / "results.json").exists()  # it renders; it never writes a results file
     assert "stopped after 6 cells" in proc.stdout
     bad = subprocess.run([sys.executable, "-m", "kdg", "chaos", "report", str(tmp_path / "nope.json")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "no such file" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_chaos_report_in_place_leaves_the_results_file_as_it_was(tmp_path):
+    kept = tmp_path / "nightly.json"
+    kept.write_text(json.dumps(RESULTS))
+    other = tmp_path / "results.json"
+    other.write_text('{"another": "run"}')
+    before = kept.read_text()
+    proc = subprocess.run([sys.executable, "-m", "kdg", "chaos", "report", str(kept), "--json"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 7, proc.stderr  # RESULTS holds a FAIL cell
+    assert json.loads(proc.stdout)["summary"][2]["verdict"] == "FAIL"
+    assert kept.read_text() == before and other.read_text() == '{"another": "run"}'
+    assert (tmp_path / "index.html").exists()

@@ -26,7 +26,7 @@ def test_exactly_once_consumer_drops_keys_it_already_wrote(kdg, topic):
     batch-internal repeat and the claim made by an earlier transaction are exercised.
     """
     for _ in range(2):
-        kdg("produce", topic, "-g", "at-least-once", "--count", 500, "--id", "order-{seq}", "--json")
+        kdg("produce", topic, "-g", "at-least-once", "--count", 500, "--id", f"{topic}-{{seq}}", "--json")
     once, twice = f"eo-{topic}", f"alo-{topic}"
     eo = as_json(kdg("consume", topic, "-G", once, "-g", "exactly-once", "-e", "--batch-size", 300, "--json"))
     assert (eo["consumed"], eo["processed"], eo["duplicates_suppressed"]) == (1000, 1000, 500)
@@ -34,6 +34,29 @@ def test_exactly_once_consumer_drops_keys_it_already_wrote(kdg, topic):
     as_json(kdg("consume", topic, "-G", twice, "-g", "at-least-once", "-e", "--batch-size", 300, "--json"))
     audit = as_json(kdg("audit", topic, "-G", twice, "--json"))
     assert (audit["lost"], audit["duplicates"], audit["processed_unique"]) == (0, 500, 500)
+
+
+def test_audit_counts_every_kind_of_discrepancy(kdg, topic, group, conn):
+    """One of each: a row deleted (lost), a row written three times, a row nobody produced, a failed send."""
+    import uuid
+
+    from kdg.store.pg import Store
+
+    kdg("produce", topic, "-g", "at-least-once", "--count", 10, "--id", f"{topic}-{{seq}}", "--json")
+    kdg("consume", topic, "-G", group, "-g", "at-least-once", "-e", "--json")
+    with Store(conn.pg_dsn) as store:
+        store.execute("DELETE FROM kdg_events WHERE topic = $1 AND idempotency_key = $2", topic, f"{topic}-3")
+        for key in (f"{topic}-5", f"{topic}-5", f"{topic}-stranger"):
+            store.execute("""INSERT INTO kdg_events (idempotency_key, consumer_group, topic, "partition", "offset")
+                             VALUES ($1, $2, $3, 0, 0)""", key, group, topic)
+        store.copy_ledger([(uuid.uuid4(), f"{topic}-failed", topic, 99, "failed", None, None, "MSG_TIMED_OUT")])
+    audit = as_json(kdg("audit", topic, "--json"))
+    counts = {k: audit[k] for k in ("acked", "failed", "processed_unique", "rows", "lost", "duplicates", "unexpected")}
+    assert counts == {"acked": 10, "failed": 1, "processed_unique": 10, "rows": 12, "lost": 1, "duplicates": 2,
+                      "unexpected": 1}
+    assert audit["examples"] == {"lost": [f"{topic}-3"], "duplicated": [f"{topic}-5"],
+                                 "unexpected": [f"{topic}-stranger"]}
+    assert audit["balanced"] is False
 
 
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])

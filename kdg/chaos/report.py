@@ -61,7 +61,9 @@ def _amount(row: dict, name: str) -> str:
     spread = row[f"{name}_per_rep"]
     text = f"{row[name]:,}"
     if row["reps"] > 1 and row[name]:
-        text += f" ({spread['min']:,}–{spread['max']:,} per rep, median {spread['median']:,g})"
+        mid = spread["median"]
+        mid_text = f"{mid:,.0f}" if mid == int(mid) else f"{mid:,.1f}"
+        text += f" ({spread['min']:,}–{spread['max']:,} per rep, median {mid_text})"
     return text
 
 
@@ -181,8 +183,17 @@ tr.fail td{{background:#fdedec}} td.ev{{font-size:11px;color:#555}} img{{max-wid
 <th>verdict</th><th>note</th><th>timeline</th></tr>{''.join(rows)}</table>{imgs}</body></html>"""
 
 
-REQUIRED = ("started_at", "machine", "messages", "repeat", "sink", "cells")
-CELL_REQUIRED = ("guarantee", "fault", "repetition", "acked", "lost", "duplicates", "verdict", "note", "fault_fired")
+REQUIRED = {"started_at": str, "machine": str, "messages": int, "repeat": int, "sink": str, "cells": list}
+CELL_REQUIRED = {"guarantee": str, "fault": str, "repetition": int, "acked": int, "lost": int, "duplicates": int,
+                 "verdict": str, "note": str, "fault_fired": bool, "produce_msgs_per_s": (int, float),
+                 "consume_msgs_per_s": (int, float)}
+
+
+def _wrong_fields(doc, required: dict) -> list[str]:
+    if not isinstance(doc, dict):
+        return ["everything (not a JSON object)"]
+    return [f"{k} (missing)" if k not in doc else f"{k} (not {getattr(t, '__name__', 'a number')})"
+            for k, t in required.items() if k not in doc or not isinstance(doc[k], t)]
 
 
 def load_results(path: Path) -> dict:
@@ -195,13 +206,13 @@ def load_results(path: Path) -> dict:
         raise UsageError(f"{path}: no such file (a chaos run with --report DIR writes DIR/results.json)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise UsageError(f"{path}: not a chaos results file ({exc})") from None
-    missing = [k for k in REQUIRED if not isinstance(results, dict) or k not in results]
-    if missing:
-        raise UsageError(f"{path}: not a chaos results file (missing {', '.join(missing)})")
+    wrong = _wrong_fields(results, REQUIRED)
+    if wrong:
+        raise UsageError(f"{path}: not a chaos results file: {', '.join(wrong)}")
     for i, cell in enumerate(results["cells"]):
-        gaps = [k for k in CELL_REQUIRED if not isinstance(cell, dict) or k not in cell]
-        if gaps:
-            raise UsageError(f"{path}: cell {i + 1} lacks {', '.join(gaps)}")
+        wrong = _wrong_fields(cell, CELL_REQUIRED)
+        if wrong:
+            raise UsageError(f"{path}: cell {i + 1}: {', '.join(wrong)}")
     if not results["cells"]:
         raise UsageError(f"{path}: holds no cells yet (the run stopped before its first cell ended)")
     return results
@@ -217,14 +228,16 @@ def write_results(results: dict, out_dir: Path) -> Path:
     return path
 
 
-def write_report(results: dict, out_dir: Path) -> Path:
-    """Write results.json, three PNG charts and a self-contained index.html; return the page's path."""
+def write_report(results: dict, out_dir: Path, *, raw: bool = True) -> Path:
+    """Write three PNG charts, a self-contained index.html and (``raw``) results.json; return the page's path."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    write_results(results, out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if raw:
+        write_results(results, out_dir)
     charts = {"Lost and duplicated per cell": out_dir / "anomalies.png",
               "Throughput per guarantee": out_dir / "throughput.png",
               "Fault timeline against delivered rows": out_dir / "timeline.png"}

@@ -55,13 +55,13 @@ def run(
     _publish(results, report, as_json)
 
 
-def _publish(results: dict, report: Optional[Path], as_json: bool) -> None:
-    """Summary, report files, table or JSON; exit 7 when any cell broke its guarantee."""
+def _publish(results: dict, report: Optional[Path], as_json: bool, *, raw: bool = True) -> None:
+    """Summary, report files (results.json too when ``raw``), table or JSON; exit 7 when a cell broke its guarantee."""
     from kdg.chaos.report import summarize, summary_table, write_report
 
     results["summary"] = summarize(results)
     if report is not None:
-        results["report"] = str(write_report(results, report))
+        results["report"] = str(write_report(results, report, raw=raw))
     if as_json:
         print_json(results)
     else:
@@ -79,10 +79,13 @@ def report_(
     out: Annotated[Optional[Path], typer.Option(help="Write the page and charts here (default: the file's folder).")] = None,
     as_json: Json = False,
 ) -> None:
-    """Render the page, charts and table again from a results.json — also one an interrupted run kept."""
+    """Render the page, charts and table again from a results.json — also one an interrupted run kept.
+
+    The results file itself is only read: nothing is written over it or over any other results.json.
+    """
     from kdg.chaos.report import load_results
 
-    _publish(load_results(results_file), out or results_file.parent, as_json)
+    _publish(load_results(results_file), out or results_file.parent, as_json, raw=False)
 
 
 @app.command()
