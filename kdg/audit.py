@@ -52,17 +52,19 @@ _GOT_PG = """SELECT idempotency_key, count(*) AS n FROM {table}
              WHERE topic = $1 AND ($2::text IS NULL OR consumer_group = $2) GROUP BY idempotency_key"""
 _GOT_TOPIC = "SELECT idempotency_key, count(*) AS n FROM kdg_audit_got GROUP BY idempotency_key"
 
-_TOTALS = """SELECT count(*) FILTER (WHERE ok) AS acked,
-                    count(*) FILTER (WHERE NOT ok) AS failed,
-                    count(n) AS processed_unique,
-                    coalesce(sum(n), 0)::bigint AS rows,
-                    count(*) FILTER (WHERE ok AND n IS NULL AND NOT dlq) AS lost,
-                    coalesce(sum(n - 1), 0)::bigint AS duplicates,
-                    count(*) FILTER (WHERE n IS NOT NULL AND ok IS NOT TRUE) AS unexpected,
-                    (SELECT count(DISTINCT idempotency_key) FROM kdg_audit_dead) AS dead_lettered
-             FROM kdg_audit"""
+# One definition of each discrepancy, for the counts and for the example keys alike.
+_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq", "duplicated": "n > 1",
+             "unexpected": "n IS NOT NULL AND ok IS NOT TRUE"}
 
-_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq", "duplicated": "n > 1", "unexpected": "n IS NOT NULL AND ok IS NOT TRUE"}
+_TOTALS = f"""SELECT count(*) FILTER (WHERE ok) AS acked,
+                     count(*) FILTER (WHERE NOT ok) AS failed,
+                     count(n) AS processed_unique,
+                     coalesce(sum(n), 0)::bigint AS rows,
+                     count(*) FILTER (WHERE {_EXAMPLES["lost"]}) AS lost,
+                     coalesce(sum(n - 1), 0)::bigint AS duplicates,
+                     count(*) FILTER (WHERE {_EXAMPLES["unexpected"]}) AS unexpected,
+                     (SELECT count(DISTINCT idempotency_key) FROM kdg_audit_dead) AS dead_lettered
+              FROM kdg_audit"""
 
 
 def _load_topic_keys(store, name: str, conn: Connection, topic: str) -> None:

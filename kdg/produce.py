@@ -81,29 +81,18 @@ class _Ledger:
             self.rows = []
 
 
-_ABSENT = object()
-
-
 def _stamp(rec: Record, seq: int, make_id) -> tuple[str, int]:
     """Give ``rec`` an idempotency key and sequence unless it carries them (a replayed envelope).
 
-    One pass over the headers; the first ``kdg-id`` and ``kdg-seq`` count, as ``Record.header``
-    reads them. A ``kdg-seq`` that is not a number is left as it is and the record's position is
-    used in the ledger: stopping half-way through an input would be worse.
+    A ``kdg-seq`` that is not a number is left as it is and the record's position is used in the
+    ledger: stopping half-way through an input would be worse.
     """
-    raw_id = raw_seq = _ABSENT
-    for name, value in rec.headers:
-        if name == ID_HEADER:
-            if raw_id is _ABSENT:
-                raw_id = value
-        elif name == SEQ_HEADER and raw_seq is _ABSENT:
-            raw_seq = value
-    if raw_id is _ABSENT or raw_id is None:
+    key = rec.idempotency_key
+    if key is None:
         key = make_id(seq)
         rec.headers.append((ID_HEADER, key.encode()))
-    else:
-        key = raw_id.decode("utf-8", "replace")
-    if raw_seq is _ABSENT or raw_seq is None:
+    raw_seq = rec.header(SEQ_HEADER)
+    if raw_seq is None:
         rec.headers.append((SEQ_HEADER, str(seq).encode()))
     else:
         try:
