@@ -217,6 +217,7 @@ def run_job(kind: str, topic: str, table: str) -> None:
 
     from kdg.guarantees import policy_for
     from kdg.kafka.admin import watermarks
+    from kdg.kafka.clients import spark_source_options
     from kdg.settings import connection
     from kdg.spark.job import kafka_frame, key_expression, sink_rows
     from kdg.spark.session import spark_session
@@ -227,7 +228,8 @@ def run_job(kind: str, topic: str, table: str) -> None:
     spark = spark_session("local[*]", task_retries=policy.spark_task_retries, echo=lambda t: print(t, file=sys.stderr))
     try:
         job_started = time.monotonic()
-        frame = kafka_frame(spark, conn.bootstrap_servers, topic, ranges, isolation_level=policy.isolation_level)
+        frame = kafka_frame(spark, topic, ranges,
+                            source_options=spark_source_options(conn.bootstrap_servers, conn.extra, policy))
         rows = sink_rows(frame, key_expression(None, None, required=True))
         if kind == "naive":
             url, props = jdbc_target(conn.pg_dsn)

@@ -45,7 +45,28 @@ class DeliveryError(KdgError):
     exit_code = 6
 
 
+class PostgresRefused(DeliveryError):
+    """Postgres refused a statement kdg sent (a constraint, a permission, a type), not a connection problem."""
+
+
 class CheckFailed(KdgError):
     """A health check or audit found a problem (the report was already shown)."""
 
     exit_code = 7
+
+
+# -- control flow: expected outcomes the loop handles, never shown to the user as failures -----
+class Fenced(DeliveryError):
+    """A newer consumer owns these partitions now; this writer is a zombie and its batch was rolled back."""
+
+
+class TransactionAborted(DeliveryError):
+    """Kafka made us abort the open transaction (``txn_requires_abort``); its records must be sent again."""
+
+
+class RetryBatch(DeliveryError):
+    """The batch's transaction was aborted; it must be read again from its first offsets."""
+
+
+class KeylessRecord(UsageError):
+    """A record with no idempotency key reached an exactly-once write."""

@@ -40,6 +40,9 @@ class DeliveryPolicy:
     commit_mode: CommitMode
     dedup: bool
     spark_task_retries: bool
+    confirms_delivery: bool   # the producer learns each record's fate (a broker answer); else it only knows it sent
+    may_lose: bool            # what the guarantee allows a fault to cost, and so what `kdg chaos` accepts
+    may_duplicate: bool
     reasons: dict
 
     def producer_config(self) -> dict[str, object]:
@@ -60,6 +63,10 @@ class DeliveryPolicy:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
         }
+
+    def client_config(self) -> dict[str, object]:
+        """Every client property this policy fixes, producer and consumer alike (what ``-X`` may not weaken)."""
+        return {**self.producer_config(), **self.consumer_config()}
 
     def table(self) -> list[tuple[str, str, str]]:
         """(setting, value, reason) rows, as `kdg policy` prints them."""
@@ -82,7 +89,7 @@ _POLICIES = {
     Guarantee.AT_MOST_ONCE: DeliveryPolicy(
         guarantee=Guarantee.AT_MOST_ONCE, acks="0", retries=0, idempotence=False, transactional=False,
         max_in_flight=5, isolation_level="read_uncommitted", commit_mode=CommitMode.BEFORE_PROCESSING,
-        dedup=False, spark_task_retries=False,
+        dedup=False, spark_task_retries=False, confirms_delivery=False, may_lose=True, may_duplicate=False,
         reasons={
             "acks": "fire and forget: the producer never waits for a broker",
             "retries": "a resend could duplicate; never resend",
@@ -93,11 +100,14 @@ _POLICIES = {
             "commit_mode": "offsets are committed before processing: a crash skips the batch, never repeats it",
             "dedup": "nothing is ever delivered twice, so there is nothing to drop",
             "spark_task_retries": "a retried task could write twice; the range is marked done before writing",
+            "confirms_delivery": "acks=0: no broker answers, so a record counts as sent, never as acknowledged",
+            "may_lose": "a crash or a lost request drops records; nothing is ever repeated to make up for it",
+            "may_duplicate": "nothing is resent and offsets move before processing, so nothing repeats",
         }),
     Guarantee.AT_LEAST_ONCE: DeliveryPolicy(
         guarantee=Guarantee.AT_LEAST_ONCE, acks="all", retries=None, idempotence=False, transactional=False,
         max_in_flight=1, isolation_level="read_uncommitted", commit_mode=CommitMode.AFTER_PROCESSING,
-        dedup=False, spark_task_retries=True,
+        dedup=False, spark_task_retries=True, confirms_delivery=True, may_lose=False, may_duplicate=True,
         reasons={
             "acks": "a write counts only once every in-sync replica has it",
             "retries": "resend until delivery.timeout.ms: a lost ack becomes a duplicate, never a loss",
@@ -108,11 +118,14 @@ _POLICIES = {
             "commit_mode": "offsets are committed after processing: a crash repeats the batch, never skips it",
             "dedup": "duplicates are allowed at this level and stay visible",
             "spark_task_retries": "a failed task is retried; the range is recorded only after the write",
+            "confirms_delivery": "every record is acknowledged by the in-sync replicas, or reported failed",
+            "may_lose": "nothing acknowledged is lost: resends and commits after processing see to it",
+            "may_duplicate": "a resend or a crash before the commit repeats records",
         }),
     Guarantee.EXACTLY_ONCE: DeliveryPolicy(
         guarantee=Guarantee.EXACTLY_ONCE, acks="all", retries=None, idempotence=True, transactional=True,
         max_in_flight=5, isolation_level="read_committed", commit_mode=CommitMode.IN_SINK_TRANSACTION,
-        dedup=True, spark_task_retries=True,
+        dedup=True, spark_task_retries=True, confirms_delivery=True, may_lose=False, may_duplicate=False,
         reasons={
             "acks": "idempotence and transactions need every in-sync replica",
             "retries": "safe to resend forever: the broker drops duplicates by producer id and sequence",
@@ -123,6 +136,9 @@ _POLICIES = {
             "commit_mode": "offsets are stored in the same Postgres (or Kafka) transaction as the results",
             "dedup": "an idempotency key is claimed in the same transaction as the row it guards",
             "spark_task_retries": "a retried task re-claims the same keys and adds nothing",
+            "confirms_delivery": "records count once their transaction commits",
+            "may_lose": "results and offsets commit together: a crash repeats work that dedup then drops",
+            "may_duplicate": "each idempotency key is claimed once per sink; Kafka fences zombie producers",
         }),
 }
 
@@ -141,7 +157,7 @@ def all_policies() -> list[DeliveryPolicy]:
 
 
 # Properties a user may not set at all through -X, because kdg owns them.
-_OWNED = {
+OWNED = {
     "enable.auto.commit": "kdg commits offsets itself, where the guarantee says",
     "enable.auto.offset.store": "kdg stores offsets itself, where the guarantee says",
     "transactional.id": "use --transactional-id",
@@ -164,11 +180,11 @@ def merge_overrides(policy_config: dict[str, object], user: dict[str, str]) -> d
     """
     merged = dict(policy_config)
     for key, value in user.items():
-        if key in _OWNED:
+        if key in OWNED:
             if key in policy_config and _same(policy_config[key], value):
                 continue
             decided = policy_config.get(key, "kdg")
-            raise PolicyViolation(f"-X {key}={value} is refused: {_OWNED[key]} (policy value: {decided})")
+            raise PolicyViolation(f"-X {key}={value} is refused: {OWNED[key]} (policy value: {decided})")
         merged[key] = value
     return merged
 

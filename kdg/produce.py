@@ -5,10 +5,10 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterable
 
-from kdg.errors import DeliveryError
+from kdg.errors import DeliveryError, TransactionAborted
 from kdg.guarantees import policy_for
 from kdg.kafka.admin import ensure_topic
-from kdg.kafka.producer import KdgProducer, TransactionAborted
+from kdg.kafka.producer import KdgProducer
 from kdg.records import ID_HEADER, SEQ_HEADER, Record, id_maker
 from kdg.settings import Connection
 
@@ -106,16 +106,16 @@ def run_produce(req: ProduceRequest) -> ProduceReport:
     policy = policy_for(req.guarantee)
     run_id = uuid.uuid4()
     report = ProduceReport(guarantee=policy.guarantee.value, topic=req.topic, run_id=str(run_id))
-    ensure_topic(req.conn.bootstrap_servers, req.topic, partitions=req.partitions, extra=req.conn.extra)
     txn_id = req.transactional_id or f"kdg-produce-{req.topic}"
     producer = KdgProducer(policy, req.conn.bootstrap_servers, req.conn.extra, transactional_id=txn_id)
+    ensure_topic(req.conn.bootstrap_servers, req.topic, partitions=req.partitions, extra=req.conn.extra)
     store = None
     if req.ledger:
         from kdg.store.pg import Store
 
         store = Store(req.conn.pg_dsn)
         store.start_run(run_id, req.topic, policy.guarantee.value)
-    ledger = _Ledger(report, store, run_id, req.topic, acks_expected=policy.acks != "0")
+    ledger = _Ledger(report, store, run_id, req.topic, acks_expected=policy.confirms_delivery)
     make_id = id_maker(req.id_template)
     started = time.monotonic()
     try:

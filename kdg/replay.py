@@ -62,6 +62,7 @@ class ReplayReport:
 
 
 def run_spark_replay(req: ReplayRequest) -> ReplayReport:
+    from kdg.kafka.clients import spark_source_options
     from kdg.spark.session import check_conf
     from kdg.spark.writer import WriteSpec
     from kdg.store.migrations import apply_migrations
@@ -76,6 +77,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
         raise UsageError("--chunk-rows must be at least 1")
     start, end = parse_bound(req.start, "--from"), parse_bound(req.end, "--to")
     check_conf(req.spark_conf)
+    source_options = spark_source_options(req.conn.bootstrap_servers, req.conn.extra, policy)  # refused before any record
     apply_migrations(req.conn.pg_dsn)  # Postgres unreachable: a clear error before Spark starts
     replay_id = uuid.uuid4()
     with Store(req.conn.pg_dsn) as store:
@@ -91,7 +93,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
                               recorded="before writing" if record_first else "after writing")
         spec = WriteSpec(req.conn.pg_dsn, table, req.group, policy.dedup, req.chunk_rows)
         try:
-            totals = _run_job(req, policy, ranges, spec, id_kind, id_arg)
+            totals = _run_job(req, policy, ranges, spec, id_kind, id_arg, source_options)
         except BaseException as exc:
             error = _explain(exc, policy)
             store.finish_replay(replay_id, req.group, req.topic, ranges, status="done" if record_first else "failed",
@@ -115,17 +117,19 @@ def _id_from(spec: str | None) -> tuple[str | None, str | None]:
 
 
 def _resolve(req: ReplayRequest, isolation: str, start, end, store) -> Ranges:
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import KafkaException, TopicPartition
 
     from kdg.kafka.admin import topic_partitions, watermarks
+    from kdg.kafka.clients import reader
 
     partitions = topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra)
 
     def offsets_for_time(ms: int) -> dict[int, int]:
-        consumer = Consumer({"bootstrap.servers": req.conn.bootstrap_servers, "group.id": "kdg-replay-ranges",
-                             "enable.auto.commit": False, "log_level": 2, **req.conn.extra})
+        consumer = reader(req.conn.bootstrap_servers, req.conn.extra, group="kdg-replay-ranges", isolation=isolation)
         try:
             found = consumer.offsets_for_times([TopicPartition(req.topic, p, ms) for p in partitions], timeout=15)
+        except KafkaException as exc:
+            raise ConnectionFailed(f"cannot look up offsets by time in Kafka: {exc.args[0].str()}") from exc
         finally:
             consumer.close()
         return {tp.partition: tp.offset for tp in found}
@@ -136,7 +140,7 @@ def _resolve(req: ReplayRequest, isolation: str, start, end, store) -> Ranges:
                          offsets_for_time=offsets_for_time)
 
 
-def _run_job(req: ReplayRequest, policy, ranges: Ranges, spec, id_kind, id_arg) -> dict:
+def _run_job(req: ReplayRequest, policy, ranges: Ranges, spec, id_kind, id_arg, source_options: dict) -> dict:
     from kdg.spark.job import kafka_frame, key_expression, run_write, sink_rows
     from kdg.spark.session import spark_session
 
@@ -144,8 +148,7 @@ def _run_job(req: ReplayRequest, policy, ranges: Ranges, spec, id_kind, id_arg) 
     spark = spark_session(req.master, task_retries=policy.spark_task_retries, conf=req.spark_conf, echo=req.echo)
     try:
         job_started = time.monotonic()
-        frame = kafka_frame(spark, req.conn.bootstrap_servers, req.topic, ranges,
-                            isolation_level=policy.isolation_level, kafka_options=req.conn.extra)
+        frame = kafka_frame(spark, req.topic, ranges, source_options=source_options)
         rows = sink_rows(frame, key_expression(id_kind, id_arg, required=policy.dedup))
         totals = run_write(spark, rows, spec, req.progress)
         totals["duration_s"] = round(time.monotonic() - job_started, 3)

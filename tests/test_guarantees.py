@@ -4,7 +4,7 @@ import pytest
 
 from kdg.errors import PolicyViolation, UsageError
 from kdg.guarantees import CommitMode, merge_overrides, policy_for
-from kdg.kafka.consumer import TUNING as CONSUMER_TUNING
+from kdg.kafka.clients import CONSUMER_TUNING
 from kdg.kafka.producer import producer_config
 
 

@@ -120,9 +120,8 @@ def postgres_restart(cell: Cell) -> None:
 
 def min_isr(cell: Cell) -> None:
     """Stop brokers until fewer than min.insync.replicas remain; show NotEnoughReplicas; restore."""
-    from confluent_kafka import Producer
-
     from kdg.kafka.admin import ensure_topic
+    from kdg.kafka.clients import probe_producer
 
     ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3)
     survivors = cell.layout.node_ids[:1]
@@ -131,8 +130,8 @@ def min_isr(cell: Cell) -> None:
         kafka_node.stop(cell.layout, node)
     cell.event(f"brokers {stopped} stopped cleanly; 1 of 3 replicas left, min.insync.replicas=2")
     # log_level 2: the stopped brokers refuse connections, which is the point, not news for the terminal
-    probe = Producer({"bootstrap.servers": cell.layout.bootstrap_servers, "acks": "all", "retries": 0,
-                      "message.timeout.ms": 10_000, "log_level": 2})
+    probe = probe_producer(cell.layout.bootstrap_servers, acks="all", retries=0, **{"message.timeout.ms": 10_000},
+                           log_level=2)
     errors = []
     probe.produce(cell.topic, b"probe", on_delivery=lambda err, msg: errors.append(err))
     probe.flush(15)

@@ -20,12 +20,10 @@ def verdict(result: CellResult) -> tuple[str, str]:
     exactly-once → 0 lost and 0 duplicates; at-least-once → 0 lost; at-most-once → 0 duplicates.
     """
     policy = policy_for(result.guarantee)
-    may_lose = policy.acks == "0" or policy.commit_mode.value == "before-processing"
-    may_duplicate = not policy.dedup and not may_lose
     broken = []
-    if result.lost and not may_lose:
+    if result.lost and not policy.may_lose:
         broken.append(f"lost: {result.lost}")
-    if result.duplicates and not may_duplicate:
+    if result.duplicates and not policy.may_duplicate:
         broken.append(f"duplicates: {result.duplicates}")
     if result.unexpected:
         broken.append(f"unexpected: {result.unexpected}")

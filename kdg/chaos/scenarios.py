@@ -96,17 +96,15 @@ def _raw_produce(layout, topic: str, n: int, acks: str, timeout_ms: int, retries
 
     Returns (acknowledged, failed); the failures' error names are kept in ``_last_errors``.
     """
-    from confluent_kafka import Producer
-
+    from kdg.kafka.clients import probe_producer
     from kdg.store.pg import Store
 
     run_id = uuid.uuid4()
     rows: list[tuple] = []
-    config = {"bootstrap.servers": bootstrap or layout.bootstrap_servers, "acks": acks, "enable.idempotence": False,
-              "message.timeout.ms": timeout_ms, "linger.ms": 5, "log_level": 2}
+    config = {"acks": acks, "enable.idempotence": False, "message.timeout.ms": timeout_ms, "linger.ms": 5}
     if retries is not None:
         config["retries"] = retries
-    producer = Producer(config)
+    producer = probe_producer(bootstrap or layout.bootstrap_servers, **config)
     _last_errors.clear()
     for seq in range(n):
         key = f"{topic}-{seq}"
@@ -226,12 +224,11 @@ def seed_consumers(layout, echo) -> tuple[bool, str, dict]:
     topic = f"scenario-seed-{uuid.uuid4().hex[:6]}"
     ensure_topic(layout.bootstrap_servers, topic, partitions=1)
     _say(echo, f"1. 1000 JSON messages with an 'idempotency_key' field (no kdg-id header) to {topic}")
-    from confluent_kafka import Producer
-
+    from kdg.kafka.clients import probe_producer
     from kdg.store.pg import Store
 
     run_id, rows = uuid.uuid4(), []
-    producer = Producer({"bootstrap.servers": layout.bootstrap_servers, "acks": "all", "log_level": 2})
+    producer = probe_producer(layout.bootstrap_servers, acks="all")
     for seq in range(1000):
         key = str(uuid.uuid4())
         producer.produce(topic, json.dumps({"idempotency_key": key, "message": f"m{seq}"}).encode())

@@ -2,14 +2,11 @@
 
 import time
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from kdg.errors import ConnectionFailed, DeliveryError, UsageError
-
-
-def admin_client(bootstrap: str, extra: dict | None = None) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, "log_level": 2, **(extra or {})})
+from kdg.kafka.clients import admin_client, reader
 
 
 def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float = 90.0) -> None:
@@ -95,10 +92,12 @@ def describe_broker_config(bootstrap: str, broker_id: int, names: list[str]) -> 
 def watermarks(bootstrap: str, topic: str, extra: dict | None = None,
                isolation: str = "read_committed") -> dict[int, tuple[int, int]]:
     """``{partition: (low, high)}``; under read_committed ``high`` is the last stable offset."""
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kdg-watermarks", "log_level": 2,
-                         "isolation.level": isolation, "enable.auto.commit": False, **(extra or {})})
+    consumer = reader(bootstrap, extra, group="kdg-watermarks", isolation=isolation)
     try:
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
                 for p in topic_partitions(bootstrap, topic, extra)}
+    except KafkaException as exc:
+        raise ConnectionFailed(f"cannot read the end offsets of {topic!r} from Kafka at {bootstrap}: "
+                               f"{exc.args[0].str()}") from exc
     finally:
         consumer.close()

@@ -1,20 +1,10 @@
 """The one module that owns confluent-kafka's Consumer: config from the policy, batches, offsets, rebalances."""
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, Consumer, KafkaError, KafkaException, \
-    TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaError, KafkaException, TopicPartition
 
 from kdg.errors import DeliveryError, UsageError
-from kdg.guarantees import DeliveryPolicy, merge_overrides
-
-TUNING = {
-    "session.timeout.ms": 10_000,       # a dead consumer's partitions move within seconds
-    "heartbeat.interval.ms": 1_000,
-    "max.poll.interval.ms": 120_000,
-    "queued.max.messages.kbytes": 65_536,  # bounds memory by the queue, not by the topic
-    "fetch.max.bytes": 52_428_800,
-    "topic.metadata.refresh.interval.ms": 5_000,
-}
-
+from kdg.guarantees import DeliveryPolicy
+from kdg.kafka.clients import Role, client_config, new_consumer
 
 _REBALANCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
                KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST, KafkaError._NO_OFFSET}
@@ -55,15 +45,12 @@ class KdgConsumer:
                  start: StartOffset | None = None, eof: bool = False):
         self.policy = policy
         self.start = start or StartOffset()
-        config = merge_overrides({**TUNING, **policy.consumer_config()}, extra or {})
-        config.update({"bootstrap.servers": bootstrap, "group.id": group,
-                       "auto.offset.reset": self.start.reset, "enable.partition.eof": eof})
-        try:
-            self._consumer = Consumer(config)
-        except KafkaException as exc:
-            raise UsageError(f"invalid consumer configuration: {exc.args[0].str()}") from exc
+        config = client_config(Role.CONSUMER, bootstrap, extra, policy, **{
+            "group.id": group, "auto.offset.reset": self.start.reset, "enable.partition.eof": eof})
+        self._consumer = new_consumer(config)
         self.eof_partitions: set[tuple[str, int]] = set()
         self.assigned: set[tuple[str, int]] = set()
+        self.ever_assigned: set[int] = set()
         self._seen_first_assignment: set[tuple[str, int]] = set()
 
     def subscribe(self, topic: str, on_assign, on_revoke) -> None:
@@ -72,6 +59,7 @@ class KdgConsumer:
         def assigned(consumer, partitions):
             chosen = on_assign(partitions)
             self.assigned |= {(p.topic, p.partition) for p in chosen}
+            self.ever_assigned |= {p.partition for p in chosen}
             consumer.assign(chosen)
 
         def revoked(consumer, partitions):
@@ -117,8 +105,17 @@ class KdgConsumer:
                 raise DeliveryError(f"consumer error: {err.str()}")
         return batch
 
-    def at_end(self) -> bool:
-        return bool(self.assigned) and self.assigned <= self.eof_partitions
+    def held_at_end(self) -> bool:
+        """Every partition this member holds is read to its end (true when it holds none)."""
+        return self.assigned <= self.eof_partitions
+
+    def committed(self, topic: str, partitions: list[int]) -> dict[int, int | None]:
+        """The group's next offsets in Kafka for ``partitions`` (held by this member or not); None if never committed."""
+        try:
+            found = self._consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        except KafkaException as exc:
+            raise DeliveryError(f"cannot read the group's committed offsets: {exc.args[0].str()}") from exc
+        return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}
 
     def commit(self, next_offsets: dict[tuple[str, int], int]) -> bool:
         """Synchronously commit ``{(topic, partition): next_offset}``.
@@ -153,9 +150,6 @@ class KdgConsumer:
                 self._consumer.seek(TopicPartition(topic, partition, offset))
             except KafkaException:
                 pass  # not fetching yet: the assignment's own offset applies
-
-    def positions_of(self, offsets: dict[tuple[str, int], int]) -> list[TopicPartition]:
-        return [TopicPartition(t, p, o) for (t, p), o in offsets.items()]
 
     def group_metadata(self):
         return self._consumer.consumer_group_metadata()

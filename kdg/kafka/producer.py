@@ -1,23 +1,16 @@
 """The one module that owns confluent-kafka's Producer: config from the policy, sends, transactions, errors."""
 
-from confluent_kafka import KafkaError, KafkaException, Producer
+from confluent_kafka import KafkaError, KafkaException
 
-from kdg.errors import DeliveryError, UsageError
-from kdg.guarantees import DeliveryPolicy, merge_overrides
-
-# Throughput defaults a user may change with -X; the policy's keys are not among them.
-TUNING = {"linger.ms": 5, "batch.size": 1_000_000, "queue.buffering.max.messages": 500_000,
-          "queue.buffering.max.kbytes": 262_144, "compression.type": "none"}
+from kdg.errors import DeliveryError, TransactionAborted, UsageError
+from kdg.guarantees import DeliveryPolicy
+from kdg.kafka.clients import Role, client_config, new_producer
 
 
-class TransactionAborted(Exception):
-    """The open transaction had to be aborted (``txn_requires_abort``); its records must be re-sent."""
-
-
-def producer_config(policy: DeliveryPolicy, bootstrap: str, extra: dict, transactional_id: str | None) -> dict:
-    config = merge_overrides({**TUNING, **policy.producer_config()}, extra)
-    config["bootstrap.servers"] = bootstrap
-    if policy.transactional:
+def producer_config(policy: DeliveryPolicy, bootstrap: str, extra: dict, transactional_id: str | None,
+                    role: Role = Role.PRODUCER) -> dict:
+    config = client_config(role, bootstrap, extra, policy)
+    if policy.transactional and role is Role.PRODUCER:
         if not transactional_id:
             raise UsageError("a transactional producer needs a transactional.id")
         config["transactional.id"] = transactional_id
@@ -36,15 +29,13 @@ class KdgProducer:
     """
 
     def __init__(self, policy: DeliveryPolicy, bootstrap: str, extra: dict | None = None,
-                 transactional_id: str | None = None):
+                 transactional_id: str | None = None, role: Role = Role.PRODUCER):
         self.policy = policy
-        self.config = producer_config(policy, bootstrap, extra or {}, transactional_id)
-        try:
-            self._producer = Producer(self.config)
-        except KafkaException as exc:
-            raise UsageError(f"invalid producer configuration: {exc.args[0].str()}") from exc
+        self.transactional = policy.transactional and role is Role.PRODUCER
+        self.config = producer_config(policy, bootstrap, extra or {}, transactional_id, role)
+        self._producer = new_producer(self.config, role)
         self.in_transaction = False
-        if policy.transactional:
+        if self.transactional:
             self._call("init_transactions", 60)
 
     def send(self, topic: str, value, key=None, headers=None, partition: int | None = None, on_delivery=None) -> None:
@@ -73,7 +64,7 @@ class KdgProducer:
 
     # -- transactions ------------------------------------------------------------------------
     def _require_transactional(self) -> None:
-        if not self.policy.transactional:
+        if not self.transactional:
             raise DeliveryError(f"transactions are not part of the {self.policy.guarantee.value} policy")
 
     def begin(self) -> None:

@@ -1,7 +1,9 @@
 """Dead letters: records a sink cannot take go to ``TOPIC.dlq`` with the reason in headers; nothing is lost."""
 
-from kdg.guarantees import policy_for
+from kdg.guarantees import DeliveryPolicy
 from kdg.kafka.admin import ensure_topic
+from kdg.kafka.clients import Role
+from kdg.kafka.producer import KdgProducer
 from kdg.records import ID_HEADER, Record
 
 REASON_HEADER = "kdg-dlq-reason"
@@ -20,11 +22,14 @@ def dead_letter_headers(rec: Record, reason: str, key: str | None) -> list[tuple
 
 
 class DeadLetterQueue:
-    """A durable (acks=all) producer for one DLQ topic, created on first use."""
+    """A durable (acks=all, idempotent) producer for one DLQ topic, which is created on first use.
 
-    def __init__(self, bootstrap: str, topic: str, extra: dict):
+    The producer is made at once, so a property it cannot take fails the command before any record is read.
+    """
+
+    def __init__(self, policy: DeliveryPolicy, bootstrap: str, topic: str, extra: dict):
         self.bootstrap, self.topic, self.extra = bootstrap, dlq_topic(topic), extra
-        self._producer = None
+        self._producer = KdgProducer(policy, bootstrap, extra, role=Role.DEAD_LETTERS)
         self._topic_ready = False
 
     def send(self, dead: list[tuple[Record, str, str | None]], producer=None) -> None:
@@ -32,10 +37,6 @@ class DeadLetterQueue:
         if not dead:
             return
         own = producer is None
-        if own and self._producer is None:
-            from kdg.kafka.producer import KdgProducer
-
-            self._producer = KdgProducer(policy_for("at-least-once"), self.bootstrap, self.extra)
         if not self._topic_ready:
             ensure_topic(self.bootstrap, self.topic, partitions=1, extra=self.extra)
             self._topic_ready = True

@@ -3,33 +3,22 @@
 from confluent_kafka import TopicPartition
 
 from kdg import faults
-from kdg.errors import DeliveryError
+from kdg.errors import DeliveryError, RetryBatch, TransactionAborted
 from kdg.kafka.admin import ensure_topic
-from kdg.kafka.producer import KdgProducer, TransactionAborted
+from kdg.kafka.producer import KdgProducer
 from kdg.sinks import Batch, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue
 
 
-class RetryBatch(Exception):
-    """The transaction was aborted; the batch must be read again from its first offsets."""
-
-
 class KafkaSink:
-    atomic_offsets = True
+    atomic_offsets = True   # the consumer's offsets go into the producer's transaction
+    keeps_offsets = False   # ... and so they stay in Kafka, with the group
 
     def __init__(self, policy, bootstrap: str, extra: dict, out_topic: str, dlq: DeadLetterQueue,
-                 transactional_id: str, partitions: int = 3):
-        self.out_topic, self.dlq = out_topic, dlq
-        ensure_topic(bootstrap, out_topic, partitions=partitions, extra=extra)
+                 transactional_id: str, consumer, partitions: int = 3):
+        self.out_topic, self.dlq, self.consumer = out_topic, dlq, consumer
         self.producer = KdgProducer(policy, bootstrap, extra, transactional_id=transactional_id)
-        self.consumer = None
-
-    def assign(self, consumer, partitions, owns_offsets: bool):
-        self.consumer = consumer
-        return [TopicPartition(p.topic, p.partition, consumer.initial_offset(p, None)) for p in partitions]
-
-    def revoke(self, partitions) -> None:
-        pass
+        ensure_topic(bootstrap, out_topic, partitions=partitions, extra=extra)
 
     def _send(self, batch: Batch) -> None:
         for rec, _key in batch.records:

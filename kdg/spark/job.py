@@ -11,21 +11,22 @@ from kdg.spark.writer import SUMMARY_SCHEMA, WriteSpec, write_task
 ROWS_PER_TASK = 250_000  # Kafka partitions larger than this are split across Spark tasks
 
 
-def kafka_frame(spark, bootstrap: str, topic: str, ranges: Ranges, *, isolation_level: str,
-                kafka_options: dict[str, str] | None = None, fail_on_data_loss: bool = True):
-    """The records of ``ranges`` as Spark's Kafka source reads them (key, value, headers, topic, …)."""
+def kafka_frame(spark, topic: str, ranges: Ranges, *, source_options: dict[str, str],
+                fail_on_data_loss: bool = True):
+    """The records of ``ranges`` as Spark's Kafka source reads them (key, value, headers, topic, …).
+
+    ``source_options`` come from :func:`kdg.kafka.clients.spark_source_options`: the bootstrap servers,
+    the policy's isolation level and the user's properties, already vetted against the policy.
+    """
     total = sum(end - start for start, end in ranges.values())
     reader = (spark.read.format("kafka")
-              .option("kafka.bootstrap.servers", bootstrap)
+              .options(**source_options)
               .option("assign", json.dumps({topic: sorted(ranges)}))
               .option("startingOffsets", json.dumps({topic: {str(p): s for p, (s, _) in ranges.items()}}))
               .option("endingOffsets", json.dumps({topic: {str(p): e for p, (_, e) in ranges.items()}}))
-              .option("kafka.isolation.level", isolation_level)
               .option("includeHeaders", "true")
               .option("failOnDataLoss", str(fail_on_data_loss).lower())
               .option("minPartitions", str(max(len(ranges), -(-total // ROWS_PER_TASK)))))
-    for key, value in (kafka_options or {}).items():
-        reader = reader.option(f"kafka.{key}", value)
     return reader.load()
 
 

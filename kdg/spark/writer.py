@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from kdg import faults
+from kdg.errors import KeylessRecord
 
 SUMMARY_SCHEMA = "rows_read long, rows_written long, duplicates_dropped long, chunks long"
 COLUMNS = ("idempotency_key", "topic", "partition", "offset", "key", "value", "headers")
@@ -22,10 +23,6 @@ class WriteSpec:
     group: str
     dedup: bool            # exactly-once: claim each key in kdg_dedup with its row
     chunk_rows: int        # rows per Postgres transaction
-
-
-class KeylessRecord(Exception):
-    """A record with no idempotency key reached an exactly-once write."""
 
 
 def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:

@@ -10,7 +10,7 @@ import json
 
 import asyncpg
 
-from kdg.errors import ConnectionFailed, KdgError
+from kdg.errors import ConnectionFailed, Fenced, PostgresRefused
 from kdg.settings import redact_dsn, sql_identifier
 from kdg.store.migrations import connect
 
@@ -22,10 +22,6 @@ LEDGER_COLUMNS = ("run_id", "idempotency_key", "topic", "seq", "status", "partit
 _STAGE = """CREATE TEMP TABLE IF NOT EXISTS kdg_stage (
     idempotency_key text, topic text, "partition" integer, "offset" bigint,
     key bytea, value bytea, headers jsonb) ON COMMIT DELETE ROWS"""
-
-
-class Fenced(KdgError):
-    """A newer consumer owns these partitions now; this writer is a zombie and its batch was rolled back."""
 
 
 class Store:
@@ -45,6 +41,9 @@ class Store:
                 asyncpg.exceptions.InterfaceError, asyncpg.exceptions.AdminShutdownError,
                 asyncpg.exceptions.CannotConnectNowError) as exc:
             raise ConnectionFailed(f"lost Postgres at {redact_dsn(self.dsn)}: {exc}") from exc
+        except asyncpg.PostgresError as exc:
+            raise PostgresRefused(f"Postgres refused a statement ({exc.sqlstate} {type(exc).__name__}): "
+                                  f"{str(exc).splitlines()[0]}") from exc
 
     def close(self) -> None:
         """Close the connection and the private loop; a second call does nothing."""
