@@ -5,19 +5,19 @@ import json
 import os
 import socket
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from kdg import faults
-from kdg.errors import UsageError
+from kdg.errors import Fenced, RetryBatch, UsageError
 from kdg.guarantees import CommitMode, policy_for
-from kdg.kafka.admin import topic_partitions
+from kdg.kafka.admin import topic_partitions, watermarks
 from kdg.kafka.consumer import KdgConsumer, StartOffset
+from kdg.offsets import OffsetProtocol
 from kdg.records import Record
 from kdg.settings import Connection
 from kdg.sinks import Batch, parse_sink
 from kdg.sinks.dead_letters import DeadLetterQueue
-from kdg.store.pg import Fenced
 
 
 @dataclass
@@ -57,6 +57,7 @@ class ConsumeReport:
     duration_s: float = 0.0
     msgs_per_s: float = 0.0
     stopped_by: str = ""
+    never_assigned: list = field(default_factory=list)  # partitions of the topic this member never held
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,7 +103,7 @@ def load_handler(spec: str | None):
         raise UsageError(f"--handler {spec!r}: {exc}") from None
 
 
-def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue):
+def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue, consumer: KdgConsumer):
     kind, out_topic = parse_sink(req.sink)
     if kind == "postgres":
         from kdg.sinks.postgres import PostgresSink
@@ -112,7 +113,7 @@ def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue):
         from kdg.sinks.kafka import KafkaSink
 
         txn_id = req.transactional_id or f"kdg-{req.group}-{req.topic}-{socket.gethostname()}-{os.getpid()}"
-        return KafkaSink(policy, req.conn.bootstrap_servers, req.conn.extra, out_topic, dlq, txn_id)
+        return KafkaSink(policy, req.conn.bootstrap_servers, req.conn.extra, out_topic, dlq, txn_id, consumer)
     from kdg.sinks.stdout import StdoutSink
 
     return StdoutSink(req.fmt, dlq)
@@ -161,27 +162,39 @@ def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool)
 
 def run_consume(req: ConsumeRequest) -> ConsumeReport:
     policy = policy_for(req.guarantee)
-    atomic = policy.commit_mode is CommitMode.IN_SINK_TRANSACTION
     kind, _ = parse_sink(req.sink)
-    if atomic and kind == "stdout":
+    if policy.commit_mode is CommitMode.IN_SINK_TRANSACTION and kind == "stdout":
         raise UsageError("exactly-once cannot write to stdout: a terminal cannot take back a line if the "
                          "consumer crashes before its offsets commit. Use --sink postgres or kafka:TOPIC.")
     start = StartOffset(req.start)
     resolver = KeyResolver(req.id_from)
-    topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra)  # the topic must exist
+    bootstrap, extra = req.conn.bootstrap_servers, req.conn.extra
+    partitions = topic_partitions(bootstrap, req.topic, extra)  # the topic must exist
     report = ConsumeReport(policy.guarantee.value, req.group, req.topic, req.sink)
-    dlq = DeadLetterQueue(req.conn.bootstrap_servers, req.topic, req.conn.extra)
-    sink = _make_sink(req, policy, dlq)
-    consumer = KdgConsumer(policy, req.conn.bootstrap_servers, req.group, req.conn.extra, start,
-                           eof=req.exit_at_end)
-    owns_offsets = atomic and kind == "postgres"
+    consumer = KdgConsumer(policy, bootstrap, req.group, extra, start, eof=req.exit_at_end)
+    sink = None
+    try:
+        dlq = DeadLetterQueue(policy, bootstrap, req.topic, extra)
+        sink = _make_sink(req, policy, dlq, consumer)
+        offsets = OffsetProtocol(policy, consumer, sink, req.topic)
 
-    def on_assign(partitions):
-        chosen = sink.assign(consumer, partitions, atomic)
-        faults.reach("during-rebalance")  # partitions taken (fences bumped), not yet fetching
-        return chosen
+        def on_assign(assigned):
+            chosen = offsets.assign(assigned)
+            faults.reach("during-rebalance")  # partitions taken (fences bumped), not yet fetching
+            return chosen
 
-    consumer.subscribe(req.topic, on_assign=on_assign, on_revoke=sink.revoke)
+        consumer.subscribe(req.topic, on_assign=on_assign, on_revoke=offsets.revoke)
+        end = TopicEnd(offsets, consumer, bootstrap, extra, req.topic, partitions, policy.isolation_level)
+        _loop(req, policy, resolver, consumer, offsets, sink, end, report)
+    finally:
+        report.never_assigned = sorted(set(partitions) - consumer.ever_assigned)
+        consumer.close()
+        if sink is not None:
+            sink.close()
+    return report
+
+
+def _loop(req, policy, resolver, consumer, offsets, sink, end, report) -> None:
     started = last_data = time.monotonic()
     try:
         while True:
@@ -189,14 +202,14 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
             msgs = consumer.poll_batch(want, 0.5)
             if msgs:
                 last_data = time.monotonic()
-                _handle(msgs, req, policy, atomic, owns_offsets, resolver, consumer, sink, report)
+                _handle(msgs, req, policy, resolver, offsets, sink, report)
                 if req.progress:
                     req.progress(report.consumed)
             if req.count is not None and report.consumed >= req.count:
                 report.stopped_by = "count"
                 break
-            if req.exit_at_end and consumer.at_end():
-                report.stopped_by = "end of partitions"
+            if req.exit_at_end and not msgs and end.reached():
+                report.stopped_by = "end of topic"
                 break
             if req.idle_timeout is not None and time.monotonic() - last_data >= req.idle_timeout:
                 report.stopped_by = "idle timeout"
@@ -206,48 +219,54 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
     finally:
         report.duration_s = round(time.monotonic() - started, 3)
         report.msgs_per_s = round(report.consumed / report.duration_s, 1) if report.duration_s else 0.0
-        consumer.close()
-        sink.close()
-    return report
 
 
-def _handle(msgs, req, policy, atomic, owns_offsets, resolver, consumer, sink, report) -> None:
+class TopicEnd:
+    """``-e``: the whole topic is read for this group, not only the partitions this member holds.
+
+    Held partitions must be at their end; the others (held by nobody yet, or by a dead member whose
+    session has not expired) must have their stored offset at the end, in Postgres or Kafka as the
+    policy keeps them. Until then the consumer keeps polling and picks them up when they move.
+    """
+
+    CHECK_EVERY_S = 1.0
+
+    def __init__(self, offsets, consumer, bootstrap, extra, topic, partitions, isolation):
+        self.offsets, self.consumer = offsets, consumer
+        self.bootstrap, self.extra, self.topic, self.partitions = bootstrap, extra, topic, partitions
+        self.isolation = isolation
+        self._checked = 0.0
+
+    def reached(self) -> bool:
+        if not self.consumer.held_at_end():
+            return False
+        held = {p for _, p in self.consumer.assigned}
+        others = [p for p in self.partitions if p not in held]
+        if not others:
+            return True
+        if time.monotonic() - self._checked < self.CHECK_EVERY_S:
+            return False
+        self._checked = time.monotonic()
+        ends = watermarks(self.bootstrap, self.topic, self.extra, self.isolation)
+        stored = self.offsets.stored(others)
+        return all((stored.get(p) if stored.get(p) is not None else ends[p][0]) >= ends[p][1] for p in others)
+
+
+def _handle(msgs, req, policy, resolver, offsets, sink, report) -> None:
     faults.reach("after-poll-before-process")
     batch = _sort(msgs, resolver, req, must_have_key=policy.dedup)
-    if policy.commit_mode is CommitMode.BEFORE_PROCESSING:
-        if not consumer.commit(batch.next_offsets):
-            report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
-            return
-        faults.reach("after-commit-before-process")
+    if not offsets.before_write(batch):
+        report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
+        return
     try:
-        result = sink.write(batch, atomic=atomic)
-    except Fenced:
+        result = sink.write(batch, atomic=offsets.atomic)
+    except (Fenced, RetryBatch):
         report.fenced_batches += 1
-        _rewind(consumer, batch)
+        offsets.rewind(batch)
         return
-    except Exception as exc:
-        from kdg.sinks.kafka import RetryBatch
-
-        if not isinstance(exc, RetryBatch):
-            raise
-        report.fenced_batches += 1
-        _rewind(consumer, batch)
-        return
-    if policy.commit_mode is CommitMode.AFTER_PROCESSING:
-        faults.reach("after-process-before-commit")
-        consumer.commit(batch.next_offsets)
-    elif owns_offsets:
-        consumer.commit_quietly(batch.next_offsets)  # information for lag tools only
-    if policy.commit_mode is not CommitMode.BEFORE_PROCESSING:
-        faults.reach("after-commit-before-process")  # committed; the next batch is not processed yet
+    offsets.after_write(batch)
     report.consumed += len(batch)
     report.batches += 1
     report.processed += len(batch.records)
     report.duplicates_suppressed += result.duplicates_suppressed
     report.dead_lettered += len(batch.dead)
-
-
-def _rewind(consumer: KdgConsumer, batch: Batch) -> None:
-    """Read a batch that was not written again, from its first offsets (partitions still ours only)."""
-    for (topic, partition), offset in batch.first_offsets.items():
-        consumer.seek(topic, partition, offset)

@@ -2,8 +2,6 @@
 
 from json.encoder import encode_basestring_ascii as _esc
 
-from confluent_kafka import TopicPartition
-
 from kdg import faults
 from kdg.sinks import Batch, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue
@@ -24,7 +22,8 @@ def _row(rec, key: str) -> tuple:
 
 
 class PostgresSink:
-    atomic_offsets = True
+    atomic_offsets = True   # results and offsets can commit in one transaction
+    keeps_offsets = True    # ... and then the offsets live here (kdg_offsets), not in Kafka
 
     def __init__(self, dsn: str, table: str, group: str, topic: str, dlq: DeadLetterQueue, handler=None):
         self.store = Store(dsn)
@@ -32,21 +31,19 @@ class PostgresSink:
         self.group, self.topic, self.dlq, self.handler = group, topic, dlq, handler
         self.fences: dict[int, int] = {}
 
-    def assign(self, consumer, partitions: list[TopicPartition], owns_offsets: bool) -> list[TopicPartition]:
-        """Start each partition where Postgres says (exactly-once) or where Kafka says (otherwise)."""
-        if not owns_offsets:
-            return [TopicPartition(p.topic, p.partition, consumer.initial_offset(p, None)) for p in partitions]
-        taken = self.store.acquire_partitions(self.group, self.topic, [p.partition for p in partitions])
-        chosen = []
-        for p in partitions:
-            fence, stored = taken[p.partition]
-            self.fences[p.partition] = fence
-            chosen.append(TopicPartition(p.topic, p.partition, consumer.initial_offset(p, stored, kdg_owns_offsets=True)))
-        return chosen
+    def acquire(self, partitions: list[int]) -> dict[int, int | None]:
+        """Own ``partitions`` (each fence bumped, so an older owner's batches are refused); their stored offsets."""
+        taken = self.store.acquire_partitions(self.group, self.topic, partitions)
+        for p, (fence, _) in taken.items():
+            self.fences[p] = fence
+        return {p: stored for p, (_, stored) in taken.items()}
 
-    def revoke(self, partitions) -> None:
+    def release(self, partitions: list[int]) -> None:
         for p in partitions:
-            self.fences.pop(p.partition, None)
+            self.fences.pop(p, None)
+
+    def stored_offsets(self) -> dict[int, int]:
+        return self.store.stored_offsets(self.group, self.topic)
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
         rows = [_row(rec, key) for rec, key in batch.records]

@@ -9,17 +9,10 @@ from kdg.sinks.dead_letters import DeadLetterQueue
 
 class StdoutSink:
     atomic_offsets = False  # a terminal cannot take back a line: no exactly-once here
+    keeps_offsets = False
 
     def __init__(self, fmt: str, dlq: DeadLetterQueue, out=sys.stdout):
         self.fmt, self.dlq, self.out = fmt, dlq, out
-
-    def assign(self, consumer, partitions, owns_offsets: bool):
-        from confluent_kafka import TopicPartition
-
-        return [TopicPartition(p.topic, p.partition, consumer.initial_offset(p, None)) for p in partitions]
-
-    def revoke(self, partitions) -> None:
-        pass
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
         self.dlq.send(batch.dead)
