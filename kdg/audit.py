@@ -4,6 +4,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
+from kdg.errors import ConnectionFailed, UsageError
 from kdg.records import ID_HEADER
 from kdg.settings import Connection, sql_identifier
 from kdg.sinks import parse_sink
@@ -23,9 +24,12 @@ class AuditReport:
     processed_unique: int = 0   # distinct keys in the sink
     rows: int = 0               # rows in the sink, duplicates included
     dead_lettered: int = 0      # distinct keys in the dead-letter topic
-    lost: int = 0               # acked, and neither in the sink nor dead-lettered
+    lost: int = 0               # acked, neither in the sink nor dead-lettered, and the group's position passed it
+    pending: int = 0            # acked, not in the sink yet, at or after the group's position: not read yet
     duplicates: int = 0         # rows beyond the first per key
     unexpected: int = 0         # keys in the sink the ledger never acked
+    positions_of: str | None = None  # the group whose stored positions tell lost from pending (None: all is lost)
+    pending_by_partition: dict = field(default_factory=dict)
     examples: dict = field(default_factory=dict)
 
     @property
@@ -40,20 +44,28 @@ class AuditReport:
 # one of 100: the ledger, the sink's keys and the dead-lettered keys are joined server-side.
 _KEYS = """CREATE TEMP TABLE {name} (idempotency_key text NOT NULL)"""
 
-_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq)
-WITH led AS (SELECT idempotency_key, bool_or(status <> 'failed') AS ok
-             FROM kdg_ledger WHERE topic = $1 GROUP BY idempotency_key),
+# ``passed``: the group's stored position is past one of the key's acknowledged copies, so a
+# missing key is lost; otherwise it is pending. Without known positions ($2 false) all is passed.
+_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq, passed, p)
+WITH led AS (SELECT l.idempotency_key, bool_or(l.status <> 'failed') AS ok, min(l."partition") AS p,
+                    bool_or(l.status <> 'failed' AND CASE WHEN NOT $2 THEN true
+                                                          WHEN pos.next_offset IS NULL THEN false
+                                                          WHEN l."offset" IS NULL THEN true
+                                                          ELSE l."offset" < pos.next_offset END) AS passed
+             FROM kdg_ledger l LEFT JOIN kdg_audit_pos pos ON pos."partition" = l."partition"
+             WHERE l.topic = $1 GROUP BY l.idempotency_key),
      got AS ({got}),
      dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dead)
-SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false)
+SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false), coalesce(led.passed, true), led.p
 FROM led FULL JOIN got USING (idempotency_key) LEFT JOIN dead USING (idempotency_key)"""
 
 _GOT_PG = """SELECT idempotency_key, count(*) AS n FROM {table}
-             WHERE topic = $1 AND ($2::text IS NULL OR consumer_group = $2) GROUP BY idempotency_key"""
+             WHERE topic = $1 AND ($3::text IS NULL OR consumer_group = $3) GROUP BY idempotency_key"""
 _GOT_TOPIC = "SELECT idempotency_key, count(*) AS n FROM kdg_audit_got GROUP BY idempotency_key"
 
 # One definition of each discrepancy, for the counts and for the example keys alike.
-_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq", "duplicated": "n > 1",
+_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq AND passed", "pending": "ok AND n IS NULL AND NOT dlq AND NOT passed",
+             "duplicated": "n > 1",
              "unexpected": "n IS NOT NULL AND ok IS NOT TRUE"}
 
 _TOTALS = f"""SELECT count(*) FILTER (WHERE ok) AS acked,
@@ -61,6 +73,7 @@ _TOTALS = f"""SELECT count(*) FILTER (WHERE ok) AS acked,
                      count(n) AS processed_unique,
                      coalesce(sum(n), 0)::bigint AS rows,
                      count(*) FILTER (WHERE {_EXAMPLES["lost"]}) AS lost,
+                     count(*) FILTER (WHERE {_EXAMPLES["pending"]}) AS pending,
                      coalesce(sum(n - 1), 0)::bigint AS duplicates,
                      count(*) FILTER (WHERE {_EXAMPLES["unexpected"]}) AS unexpected,
                      (SELECT count(DISTINCT idempotency_key) FROM kdg_audit_dead) AS dead_lettered
@@ -76,16 +89,16 @@ def _load_topic_keys(store, name: str, conn: Connection, topic: str) -> None:
 
 def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[str]]:
     """Yield the ``kdg-id`` headers of ``topic`` (read_committed), a batch at a time, beginning to end."""
-    from confluent_kafka import Consumer, TopicPartition
+    from confluent_kafka import KafkaError, TopicPartition
 
     from kdg.kafka.admin import topic_partitions, watermarks
+    from kdg.kafka.clients import reader
 
     try:
         ends = watermarks(bootstrap, topic, extra)
-    except Exception:  # no such topic: nothing was written to it
+    except UsageError:  # no such topic: nothing was written to it
         return
-    consumer = Consumer({"bootstrap.servers": bootstrap, "group.id": "kdg-audit", "enable.auto.commit": False, "log_level": 2,
-                         "isolation.level": "read_committed", **extra})
+    consumer = reader(bootstrap, extra, group="kdg-audit")
     todo = {p for p, (low, high) in ends.items() if high > low}
     consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in topic_partitions(bootstrap, topic, extra)])
     idle_since = time.monotonic()
@@ -97,7 +110,9 @@ def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[st
             keys = []
             for msg in msgs:
                 if msg.error():
-                    continue
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise ConnectionFailed(f"cannot read {topic!r} to its end: {msg.error().str()}")
                 key = dict(msg.headers() or []).get(ID_HEADER)
                 if key is not None:
                     keys.append(key.decode(errors="replace").replace("\x00", "\ufffd"))  # text holds no NUL
@@ -110,6 +125,9 @@ def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[st
                 pos = consumer.position([TopicPartition(topic, p)])[0].offset
                 if pos >= ends[p][1]:
                     todo.discard(p)
+        if todo:  # a count built on a partial read would call every unread record lost
+            raise ConnectionFailed(f"could not read {topic!r} to its end within {IDLE_LIMIT_S} s "
+                                   f"(partitions {sorted(todo)} stopped short); nothing was counted")
     finally:
         consumer.close()
 
@@ -124,13 +142,60 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
         _load_topic_keys(store, "kdg_audit_dead", conn, dlq_topic(topic))
         if kind == "kafka":
             _load_topic_keys(store, "kdg_audit_got", conn, out_topic)
-            got, args = _GOT_TOPIC, (topic,)
+            got = _GOT_TOPIC
         else:
-            got, args = _GOT_PG.format(table=sql_identifier(table)), (topic, group)
-        store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean)")
-        store.execute(_JOIN.format(got=got), *args)
+            table_sql = sql_identifier(table)
+            got = _GOT_PG.format(table=table_sql)
+        report.positions_of = group or (_only_group(store, topic, table_sql) if kind == "postgres" else None)
+        known = _load_positions(store, conn, topic, report.positions_of)
+        store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int)")
+        store.execute(_JOIN.format(got=got), topic, known, *([group] if kind == "postgres" else []))
         for name, value in store.fetch(_TOTALS)[0].items():
             setattr(report, name, value)
+        report.pending_by_partition = {r["p"]: r["n"] for r in store.fetch(
+            f'SELECT p, count(*) AS n FROM kdg_audit WHERE {_EXAMPLES["pending"]} GROUP BY p ORDER BY p')}
         report.examples = {name: [r["k"] for r in store.fetch(
             f'SELECT k FROM kdg_audit WHERE {where} ORDER BY k COLLATE "C" LIMIT {EXAMPLES}')] for name, where in _EXAMPLES.items()}
     return report
+
+
+def _only_group(store, topic: str, table: str) -> str | None:
+    """The one group that consumed ``topic`` into the sink (or keeps offsets for it); None if several or none."""
+    groups = {r["g"] for r in store.fetch(
+        "SELECT DISTINCT consumer_group AS g FROM kdg_offsets WHERE topic = $1 AND next_offset IS NOT NULL", topic)}
+    groups |= {r["g"] for r in store.fetch(f"SELECT DISTINCT consumer_group AS g FROM {table} WHERE topic = $1", topic)}
+    return groups.pop() if len(groups) == 1 else None
+
+
+def _load_positions(store, conn: Connection, topic: str, group: str | None) -> bool:
+    """The group's next offset per partition into temp table ``kdg_audit_pos``: the furthest of Postgres
+    (``kdg_offsets``) and Kafka (the group's committed offsets). False when no group is known."""
+    store.execute('CREATE TEMP TABLE kdg_audit_pos ("partition" int PRIMARY KEY, next_offset bigint)')
+    if group is None:
+        return False
+    positions = {p: o for p, o in _kafka_committed(conn, topic, group).items() if o is not None}
+    for r in store.fetch('SELECT "partition", next_offset FROM kdg_offsets WHERE consumer_group = $1 AND topic = $2 '
+                         "AND next_offset IS NOT NULL", group, topic):
+        positions[r["partition"]] = max(positions.get(r["partition"], 0), r["next_offset"])
+    store.copy_rows("kdg_audit_pos", sorted(positions.items()), ("partition", "next_offset"))
+    return True
+
+
+def _kafka_committed(conn: Connection, topic: str, group: str) -> dict[int, int | None]:
+    from confluent_kafka import KafkaException, TopicPartition
+
+    from kdg.kafka.admin import topic_partitions
+    from kdg.kafka.clients import reader
+
+    try:
+        partitions = topic_partitions(conn.bootstrap_servers, topic, conn.extra)
+    except UsageError:
+        return {}
+    consumer = reader(conn.bootstrap_servers, conn.extra, group=group)
+    try:
+        found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+    except KafkaException as exc:
+        raise ConnectionFailed(f"cannot read group {group!r}'s committed offsets: {exc.args[0].str()}") from exc
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}

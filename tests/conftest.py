@@ -78,3 +78,12 @@ def kdg(stack):
 
 def as_json(proc) -> dict:
     return json.loads(proc.stdout)
+
+
+def audited(kdg, *args, env: dict | None = None) -> dict:
+    """``kdg audit … --json``, checking its verdict is its exit code: 0 when balanced, 7 when not."""
+    proc = kdg("audit", *args, "--json", env=env, check=False)
+    assert proc.returncode in (0, 7), f"kdg audit exited {proc.returncode}:\n{proc.stderr}"
+    report = json.loads(proc.stdout)
+    assert (proc.returncode == 0) == report["balanced"], (proc.returncode, report)
+    return report

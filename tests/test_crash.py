@@ -13,7 +13,7 @@ import os
 import time
 
 import pytest
-from conftest import as_json
+from conftest import as_json, audited
 
 N = 3000
 BATCH = 300
@@ -26,8 +26,7 @@ def _crash_and_restart(kdg, topic, group, guarantee, point, sink="postgres"):
     crashed = kdg(*args, env={"KDG_FAULT": f"{point}@3"}, check=False)
     assert crashed.returncode == -signal.SIGKILL, f"the fault did not fire: {crashed.stderr}"
     kdg(*args)
-    audit_args = ["audit", topic, "--json"] + (["--sink", sink] if sink != "postgres" else [])
-    return as_json(kdg(*audit_args))
+    return audited(kdg, topic, *(["--sink", sink] if sink != "postgres" else []))
 
 
 SINKS = ["postgres", "kafka"]
@@ -62,7 +61,7 @@ def test_exactly_once_neither_loses_nor_duplicates(kdg, topic, group, sink, poin
                 "--transactional-id", f"tx-{group}"]
         assert kdg(*args, env={"KDG_FAULT": point}, check=False).returncode == -signal.SIGKILL
         kdg(*args)
-        audit = as_json(kdg("audit", topic, "--json", "--sink", _sink(sink, topic)))
+        audit = audited(kdg, topic, "--sink", _sink(sink, topic))
     else:
         audit = _crash_and_restart(kdg, topic, group, "exactly-once", point, _sink(sink, topic))
     assert (audit["lost"], audit["duplicates"], audit["unexpected"]) == (0, 0, 0), audit
@@ -82,7 +81,7 @@ def test_group_of_three_with_one_killed_stays_exactly_once(kdg, stack, topic, gr
     kdg("produce", topic, "-g", "exactly-once", "--count", 9000, "--size", 50, "--rate", 1500, "--json")
     codes = [p.wait(timeout=240) for p in procs]
     assert codes[0] == -signal.SIGKILL and codes[1:] == [0, 0], [p.stderr.read() for p in procs]
-    audit = as_json(kdg("audit", topic, "--json"))
+    audit = audited(kdg, topic)
     assert (audit["processed_unique"], audit["lost"], audit["duplicates"]) == (9000, 0, 0), audit
 
 
@@ -95,7 +94,7 @@ def test_bad_payloads_go_to_the_dead_letter_topic_and_the_audit_balances(kdg, to
     kdg("produce", topic, "-g", "exactly-once", "--format", "json", "--file", src, "--json")
     report = as_json(kdg("consume", topic, "-G", group, "-g", "exactly-once", "--max-bytes", 1000, "-e", "--json"))
     assert (report["processed"], report["dead_lettered"]) == (50, 5)
-    audit = as_json(kdg("audit", topic, "--json"))
+    audit = audited(kdg, topic)
     assert (audit["acked"], audit["processed_unique"], audit["dead_lettered"]) == (55, 50, 5)
     assert (audit["lost"], audit["duplicates"]) == (0, 0)
 
@@ -105,4 +104,4 @@ def test_bad_input_file_sends_nothing(kdg, topic, tmp_path):
     src.write_text(json.dumps({"value": "fine"}) + "\n{not json\n")
     proc = kdg("produce", topic, "--format", "json", "--file", src, check=False)
     assert proc.returncode == 2 and "broken.jsonl:2" in proc.stderr
-    assert as_json(kdg("audit", topic, "--json"))["acked"] == 0
+    assert audited(kdg, topic)["acked"] == 0

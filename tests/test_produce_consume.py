@@ -4,7 +4,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import as_json
+from conftest import as_json, audited
 
 GUARANTEES = ["at-most-once", "at-least-once", "exactly-once"]
 
@@ -15,7 +15,7 @@ def test_round_trip_into_postgres_balances(kdg, topic, group, guarantee):
     assert produced["sent"] == 3000 and produced["failed"] == 0
     consumed = as_json(kdg("consume", topic, "-G", group, "-g", guarantee, "-e", "--batch-size", 500, "--json"))
     assert consumed["consumed"] == 3000
-    audit = as_json(kdg("audit", topic, "--json"))
+    audit = audited(kdg, topic)
     assert (audit["acked"], audit["processed_unique"], audit["lost"], audit["duplicates"]) == (3000, 3000, 0, 0)
 
 
@@ -30,9 +30,9 @@ def test_exactly_once_consumer_drops_keys_it_already_wrote(kdg, topic):
     once, twice = f"eo-{topic}", f"alo-{topic}"
     eo = as_json(kdg("consume", topic, "-G", once, "-g", "exactly-once", "-e", "--batch-size", 300, "--json"))
     assert (eo["consumed"], eo["processed"], eo["duplicates_suppressed"]) == (1000, 1000, 500)
-    assert as_json(kdg("audit", topic, "-G", once, "--json"))["duplicates"] == 0
+    assert audited(kdg, topic, "-G", once)["duplicates"] == 0
     as_json(kdg("consume", topic, "-G", twice, "-g", "at-least-once", "-e", "--batch-size", 300, "--json"))
-    audit = as_json(kdg("audit", topic, "-G", twice, "--json"))
+    audit = audited(kdg, topic, "-G", twice)
     assert (audit["lost"], audit["duplicates"], audit["processed_unique"]) == (0, 500, 500)
 
 
@@ -50,11 +50,11 @@ def test_audit_counts_every_kind_of_discrepancy(kdg, topic, group, conn):
             store.execute("""INSERT INTO kdg_events (idempotency_key, consumer_group, topic, "partition", "offset")
                              VALUES ($1, $2, $3, 0, 0)""", key, group, topic)
         store.copy_ledger([(uuid.uuid4(), f"{topic}-failed", topic, 99, "failed", None, None, "MSG_TIMED_OUT")])
-    audit = as_json(kdg("audit", topic, "--json"))
+    audit = audited(kdg, topic)
     counts = {k: audit[k] for k in ("acked", "failed", "processed_unique", "rows", "lost", "duplicates", "unexpected")}
     assert counts == {"acked": 10, "failed": 1, "processed_unique": 10, "rows": 12, "lost": 1, "duplicates": 2,
                       "unexpected": 1}
-    assert audit["examples"] == {"lost": [f"{topic}-3"], "duplicated": [f"{topic}-5"],
+    assert audit["examples"] == {"lost": [f"{topic}-3"], "pending": [], "duplicated": [f"{topic}-5"],
                                  "unexpected": [f"{topic}-stranger"]}
     assert audit["balanced"] is False
 
@@ -64,7 +64,7 @@ def test_round_trip_through_kafka_sink(kdg, topic, group, guarantee):
     kdg("produce", topic, "-g", guarantee, "--count", 2000, "--json")
     out = f"{topic}-out"
     kdg("consume", topic, "-G", group, "-g", guarantee, "--sink", f"kafka:{out}", "-e", "--json")
-    audit = as_json(kdg("audit", topic, "--sink", f"kafka:{out}", "--json"))
+    audit = audited(kdg, topic, "--sink", f"kafka:{out}")
     assert (audit["acked"], audit["processed_unique"], audit["lost"], audit["duplicates"]) == (2000, 2000, 0, 0)
 
 
@@ -100,13 +100,13 @@ def test_records_without_key_stop_exactly_once_before_writing(kdg, topic, group,
     p.flush(10)
     proc = kdg("consume", topic, "-G", group, "-g", "exactly-once", "-e", check=False)
     assert proc.returncode == 2 and "idempotency key" in proc.stderr
-    rows = as_json(kdg("audit", topic, "--json"))["rows"]
+    rows = audited(kdg, topic)["rows"]
     assert rows == 0
     # with --id-from json:idempotency_key (the first seed's format) the same records go through
     done = as_json(kdg("consume", topic, "-G", group, "-g", "exactly-once", "-e", "--id-from",
                        "json:idempotency_key", "--json"))
     assert done["processed"] == 5
-    assert as_json(kdg("audit", topic, "--json"))["processed_unique"] == 5
+    assert audited(kdg, topic)["processed_unique"] == 5
 
 
 def test_handler_runs_inside_the_sink_transaction(kdg, topic, group, conn):

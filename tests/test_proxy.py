@@ -14,7 +14,7 @@ import threading
 import time
 
 import pytest
-from conftest import as_json
+from conftest import as_json, audited
 
 from kdg.chaos.proxy import FaultProxy
 from kdg.stack.layout import HOST
@@ -33,7 +33,7 @@ def _produce_through(kdg, stack, topic, guarantee, *extra):
 def _consume_and_audit(kdg, topic, group):
     # at-least-once: no consumer-side dedup, so every copy in the topic reaches the sink
     kdg("consume", topic, "-G", group, "-g", "at-least-once", "-e", "--json")
-    return as_json(kdg("audit", topic, "--json"))
+    return audited(kdg, topic)
 
 
 def test_round_trip_through_the_proxy_without_a_fault(kdg, stack, topic, group):
@@ -42,7 +42,7 @@ def test_round_trip_through_the_proxy_without_a_fault(kdg, stack, topic, group):
         kdg("consume", topic, "-G", group, "-g", "at-least-once", "-e", "-b", stack.proxy_bootstrap, "--json")
         assert proxy.accepted > 0 and proxy.dropped == 0  # the clients really went through it
     assert produced["acked"] == N
-    audit = as_json(kdg("audit", topic, "--json"))
+    audit = audited(kdg, topic)
     assert (audit["processed_unique"], audit["lost"], audit["duplicates"]) == (N, 0, 0), audit
 
 

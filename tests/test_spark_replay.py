@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from conftest import as_json
+from conftest import as_json, audited
 from kdg.kafka.admin import ensure_topic
 from kdg.store.pg import Store
 
@@ -24,7 +24,7 @@ def _one_partition_topic(conn) -> str:
 
 
 def _audit(kdg, topic, table) -> dict:
-    return as_json(kdg("audit", topic, "--table", table, "--json"))
+    return audited(kdg, topic, "--table", table)
 
 
 def _replay(kdg, topic, *args, env=None, check=True):

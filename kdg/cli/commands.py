@@ -125,7 +125,8 @@ def consume(
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD, "
                        "or offset (topic/partition/offset: exact for re-reads, blind to producer duplicates).")] = None,
     count: Annotated[Optional[int], typer.Option("-c", help="Stop after this many records.")] = None,
-    exit_at_end: Annotated[bool, typer.Option("-e", help="Stop at the end of every assigned partition.")] = False,
+    exit_at_end: Annotated[bool, typer.Option("-e", help="Stop once the whole topic is read for this group: held "
+                           "partitions at their end, the others' stored offsets too.")] = False,
     idle_timeout: Annotated[Optional[float], typer.Option(help="Stop after this many seconds without records.")] = None,
     offset: Annotated[str, typer.Option("-o", help="Start: beginning | end | stored | N | s@TIMESTAMP_MS.")] = "stored",
     batch_size: Annotated[int, typer.Option(help="Records per batch (one sink transaction each).")] = 5_000,
@@ -205,12 +206,17 @@ def spark_replay(
 @app.command()
 def audit(
     topic: Annotated[str, typer.Argument(help="The topic the producer ledger recorded.")],
-    group: Annotated[Optional[str], typer.Option("--group", "-G", help="Only rows this group wrote.")] = None,
+    group: Annotated[Optional[str], typer.Option("--group", "-G", help="Only rows this group wrote; its stored "
+                     "positions tell lost from pending [default: the one group that consumed the topic].")] = None,
     sink: Annotated[str, typer.Option(help="postgres, or kafka:OUT_TOPIC to read the output topic.")] = "postgres",
     table: Annotated[str, typer.Option(help="Postgres sink table.")] = "kdg_events",
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
 ) -> None:
-    """Count lost, duplicated and unexpected records: the producer ledger against the sink."""
+    """Count lost, duplicated, unexpected and pending records: the producer ledger against the sink.
+
+    Exit 0 when balanced (pending records are not yet read, not lost), 7 when anything was lost,
+    duplicated or unexpected, 5 when Kafka or Postgres could not be read.
+    """
     from kdg.audit import run_audit
 
     report = run_audit(topic, _conn(bootstrap, pg_dsn, props), sink=sink, table=table, group=group)
@@ -222,6 +228,9 @@ def audit(
         for kind, ids in report.examples.items():
             if ids:
                 console.print(f"[warn]{kind}[/warn] e.g. {', '.join(ids)}")
+    if not report.balanced:
+        raise CheckFailed(f"unbalanced: lost {report.lost}, duplicates {report.duplicates}, "
+                          f"unexpected {report.unexpected}")
 
 
 @app.command()
