@@ -9,6 +9,8 @@ to crash a consumer at an exact place in its loop, as a power cut would.
 import os
 import signal
 
+from kdg.errors import UsageError
+
 KILL_POINTS = (
     "after-poll-before-process",
     "after-process-before-commit",
@@ -22,12 +24,20 @@ _hits: dict[str, int] = {}
 
 
 def _armed() -> tuple[str, int, signal.Signals] | None:
+    """The armed fault, or None; a ``KDG_FAULT`` that names no kill point is an error, not a silent no-op."""
     spec = os.environ.get("KDG_FAULT")
     if not spec:
         return None
-    spec, _, action = spec.partition(":")
-    name, _, nth = spec.partition("@")
+    point, _, action = spec.partition(":")
+    name, _, nth = point.partition("@")
+    if name not in KILL_POINTS or not (nth or "1").isdigit() or int(nth or 1) < 1 or action not in ("", "stop"):
+        raise UsageError(f"KDG_FAULT={spec!r}: use POINT[@N][:stop] with POINT one of {', '.join(KILL_POINTS)}")
     return name, int(nth or 1), signal.SIGSTOP if action == "stop" else signal.SIGKILL
+
+
+def check() -> None:
+    """Refuse a misspelled ``KDG_FAULT`` before any work starts."""
+    _armed()
 
 
 def reach(point: str) -> None:

@@ -4,7 +4,9 @@ Heavy libraries (confluent_kafka, asyncpg, pyspark) are imported inside commands
 `kdg --help` stays fast.
 """
 
+import os
 import sys
+from typing import Annotated
 
 import typer
 
@@ -26,8 +28,23 @@ def _register() -> None:
     from kdg.cli import commands  # noqa: F401  (registers the top-level commands on `app`)
 
 
+@app.callback()
+def _options(verbose: Annotated[bool, typer.Option(
+        "--verbose", "-v", envvar="KDG_VERBOSE", help="Show every line librdkafka logs (default: warnings, "
+        "one line each, repeats collapsed).")] = False) -> None:
+    from kdg import faults
+    from kdg.kafka.logs import configure
+
+    configure(verbose)
+    faults.check()
+
+
 def main() -> None:
-    """Entry point: run the app, turning kdg's own errors into a message and an exit code."""
+    """Entry point: run the app, turning errors into one line and an exit code.
+
+    kdg's own errors print their message; anything unforeseen prints its type and message and
+    exits 1 (``KDG_DEBUG=1`` lets its traceback through instead).
+    """
     from rich.text import Text
 
     from kdg.cli.render import err_console
@@ -37,8 +54,19 @@ def main() -> None:
     try:
         command.main(prog_name="kdg")
     except KdgError as exc:
-        err_console.print("[bad]error:[/bad]", Text(str(exc)), soft_wrap=True)
+        err_console.print("[bad]error:[/bad]", Text(_one_line(str(exc))), soft_wrap=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         err_console.print("[warn]interrupted[/warn]")
         sys.exit(130)
+    except Exception as exc:  # noqa: BLE001 — the edge: one line unless asked for the traceback
+        if os.environ.get("KDG_DEBUG") == "1":
+            raise
+        err_console.print("[bad]error:[/bad]", Text(f"unexpected {type(exc).__name__}: {_one_line(str(exc))} "
+                                                    "(rerun with KDG_DEBUG=1 for the traceback)"), soft_wrap=True)
+        sys.exit(1)
+
+
+def _one_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return " — ".join(lines[:1] + lines[1:3]) if len(lines) > 1 else (lines[0] if lines else "")
