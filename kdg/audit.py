@@ -136,7 +136,10 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
               group: str | None = None) -> AuditReport:
     from kdg.store.pg import Store
 
+    from kdg.kafka.clients import reader_config
+
     kind, out_topic = parse_sink(sink)
+    reader_config(conn.bootstrap_servers, conn.extra)  # a property the audit's readers refuse, refused up front
     report = AuditReport(topic=topic, sink=sink, group=group)
     with Store(conn.pg_dsn) as store:
         _load_topic_keys(store, "kdg_audit_dead", conn, dlq_topic(topic))

@@ -111,8 +111,12 @@ def admin_client(bootstrap: str, props: dict[str, str] | None = None) -> AdminCl
 def reader(bootstrap: str, props: dict[str, str] | None = None, *, group: str = "kdg-reader",
            isolation: str = "read_committed") -> Consumer:
     """A consumer that is only ``assign``ed: it reads at ``isolation`` (committed records by default), never commits."""
-    config = client_config(Role.READER, bootstrap, props, None, **{"group.id": group, "isolation.level": isolation})
-    return new_consumer(config, Role.READER)
+    return new_consumer(reader_config(bootstrap, props, group=group, isolation=isolation), Role.READER)
+
+
+def reader_config(bootstrap: str, props: dict[str, str] | None = None, *, group: str = "kdg-reader",
+                  isolation: str = "read_committed") -> dict[str, object]:
+    return client_config(Role.READER, bootstrap, props, None, **{"group.id": group, "isolation.level": isolation})
 
 
 def probe_producer(bootstrap: str, **config: object) -> Producer:

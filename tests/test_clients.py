@@ -1,0 +1,122 @@
+"""The client factory: property scopes checked against librdkafka itself, and the guard rails on every role."""
+
+import logging
+
+import pytest
+from confluent_kafka import Consumer, Producer
+
+from conftest import as_json
+from kdg.errors import PolicyViolation, UsageError
+from kdg.guarantees import policy_for
+from kdg.kafka.clients import Role, client_config, new_producer, spark_source_options
+from kdg.kafka.scopes import ALIASES, CONSUMER_ONLY, PRODUCER_ONLY
+
+# a value librdkafka accepts for each property (the rest take "1", "true" and friends)
+VALUES = {"fetch.max.bytes": "1048576", "group.protocol.type": "consumer", "max.poll.interval.ms": "300000",
+          "delivery.report.only.error": "false", "isolation.level": "read_committed", "auto.offset.reset": "earliest",
+          "partition.assignment.strategy": "range", "group.protocol": "classic", "partitioner": "murmur2",
+          "compression.codec": "none", "compression.type": "none", "group.remote.assignor": "uniform",
+          "transactional.id": "kdg", "group.instance.id": "kdg", "group.id": "kdg", "acks": "1",
+          "request.required.acks": "1", "compression.level": "-1", "retries": "0", "message.send.max.retries": "0",
+          "transaction.timeout.ms": "60000"}
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__()
+        self.lines: list[str] = []
+
+    def emit(self, record):
+        self.lines.append(record.getMessage())
+
+
+def _ignored(kind, name: str) -> list[str]:
+    """What librdkafka logs about property ``name`` given to a client of ``kind`` (one that has no use for it)."""
+    log = logging.getLogger(f"kdg.test.scopes.{name}")
+    handler = _Lines()
+    log.handlers, log.propagate = [handler], False
+    config = {"bootstrap.servers": "127.0.0.1:1", name: VALUES.get(name, "1"), "logger": log, "log_level": 4}
+    if kind is Consumer:
+        config["group.id"] = "kdg-scope-check"
+    client = kind(config)
+    client.poll(0)
+    if kind is Consumer:
+        client.close()
+    canonical = {alias: name for name, alias in ALIASES.items()}.get(name, name)  # librdkafka names the canonical
+    return [line for line in handler.lines if canonical in line and "will be ignored" in line]
+
+
+@pytest.mark.parametrize("name", sorted(CONSUMER_ONLY))
+def test_consumer_only_properties_are_ignored_by_librdkafkas_producer(name):
+    assert _ignored(Producer, name), f"{name} is not a consumer-only property for librdkafka"
+
+
+@pytest.mark.parametrize("name", sorted(PRODUCER_ONLY))
+def test_producer_only_properties_are_ignored_by_librdkafkas_consumer(name):
+    assert _ignored(Consumer, name), f"{name} is not a producer-only property for librdkafka"
+
+
+def test_a_property_meaningless_for_a_role_is_dropped_for_it_only():
+    eos = policy_for("exactly-once")
+    props = {"fetch.min.bytes": "2", "linger.ms": "7", "isolation.level": "read_committed"}
+    producer = client_config(Role.PRODUCER, "b:1", props, eos)
+    consumer = client_config(Role.CONSUMER, "b:1", props, eos)
+    dead_letters = client_config(Role.DEAD_LETTERS, "b:1", props, eos)
+    assert producer["linger.ms"] == "7" and "fetch.min.bytes" not in producer and "isolation.level" not in producer
+    assert consumer["fetch.min.bytes"] == "2" and "linger.ms" not in consumer
+    assert dead_letters["linger.ms"] == "7" and dead_letters["acks"] == "all"
+
+
+@pytest.mark.parametrize("role", [r for r in Role if r is not Role.PROBE])
+def test_a_weakening_property_is_refused_by_every_role_of_an_exactly_once_command(role):
+    with pytest.raises(PolicyViolation, match="isolation.level"):
+        client_config(role, "b:1", {"isolation.level": "read_uncommitted"}, policy_for("exactly-once"))
+
+
+def test_a_chaos_probe_takes_the_experiments_settings_and_no_user_properties():
+    config = client_config(Role.PROBE, "b:1", {"acks": "0"}, None, acks="1")
+    assert config["acks"] == "1"
+
+
+def test_the_audit_reader_reads_committed_records_only_whatever_the_user_says():
+    with pytest.raises(PolicyViolation, match="isolation.level"):
+        client_config(Role.READER, "b:1", {"isolation.level": "read_uncommitted"}, None,
+                      **{"isolation.level": "read_committed"})
+
+
+def test_spark_source_options_carry_the_policy_and_refuse_weakening():
+    options = spark_source_options("h:1", {"fetch.min.bytes": "2", "linger.ms": "5"}, policy_for("exactly-once"))
+    assert options["kafka.isolation.level"] == "read_committed"
+    assert options["kafka.bootstrap.servers"] == "h:1" and options["kafka.fetch.min.bytes"] == "2"
+    assert "kafka.linger.ms" not in options and "kafka.enable.auto.commit" not in options
+    with pytest.raises(PolicyViolation, match="isolation.level"):
+        spark_source_options("h:1", {"isolation.level": "read_uncommitted"}, policy_for("exactly-once"))
+
+
+def test_a_bad_value_names_the_property_as_typed():
+    with pytest.raises(UsageError, match=r"-X linger.ms=abc"):
+        new_producer(client_config(Role.PRODUCER, "b:1", {"linger.ms": "abc"}, policy_for("at-least-once")))
+
+
+@pytest.mark.parametrize("argv", [
+    ["consume", "{topic}", "-G", "g", "-g", "exactly-once", "-e", "-X", "isolation.level=read_uncommitted"],
+    ["spark-replay", "{topic}", "-g", "exactly-once", "-X", "isolation.level=read_uncommitted"],
+    ["audit", "{topic}", "-X", "isolation.level=read_uncommitted"],
+    ["produce", "{topic}", "-g", "exactly-once", "--count", "5", "-X", "acks=1"],
+    ["consume", "{topic}", "-G", "g", "-g", "exactly-once", "--sink", "kafka:{topic}-out", "-e", "-X", "acks=1"],
+    ["consume", "{topic}", "-G", "g", "-g", "at-least-once", "--sink", "kafka:{topic}-out", "-e", "-X", "acks=1"],
+], ids=["consume", "spark-replay", "audit", "produce", "kafka-sink-eos", "kafka-sink-alo"])
+def test_each_command_refuses_a_weakening_property(kdg, topic, argv):
+    proc = kdg(*[a.format(topic=topic) for a in argv], check=False)
+    assert proc.returncode == 2, proc.stderr
+    assert "refused" in proc.stderr and ("isolation.level" in proc.stderr or "acks" in proc.stderr)
+    assert "Traceback" not in proc.stderr
+
+
+def test_a_consumer_property_does_not_stop_produce_and_a_producer_property_does_not_stop_consume(kdg, topic, group):
+    produced = as_json(kdg("produce", topic, "-g", "exactly-once", "--count", "50", "--json",
+                           "-X", "fetch.min.bytes=1", "-X", "linger.ms=2"))
+    assert produced["acked"] == 50
+    consumed = as_json(kdg("consume", topic, "-G", group, "-g", "exactly-once", "-e", "--json",
+                           "-X", "fetch.min.bytes=1", "-X", "linger.ms=2"))
+    assert consumed["processed"] == 50
