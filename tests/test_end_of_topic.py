@@ -1,0 +1,39 @@
+"""`-e` after crashes: the whole topic is read before exiting, and the audit tells pending from lost."""
+
+import signal
+import time
+
+from conftest import as_json, audited
+
+SESSION_TIMEOUT_S = 10  # kdg's consumer session.timeout.ms: a dead member holds its partitions this long
+
+
+def test_e_after_three_crashes_waits_for_the_dead_members_partitions(kdg, topic, group):
+    kdg("produce", topic, "-g", "exactly-once", "--count", 30_000, "--size", 50)
+    consume = ("consume", topic, "-G", group, "-g", "exactly-once", "--batch-size", 1000, "-e", "--json")
+    for _ in range(3):  # each member commits one batch, then dies holding its partitions
+        crashed = kdg(*consume, env={"KDG_FAULT": "after-poll-before-process@2"}, check=False)
+        assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    last_death = time.monotonic()
+
+    midway = audited(kdg, topic)  # records nobody has read yet are pending, not lost
+    assert midway["pending"] > 0 and midway["lost"] == 0 and midway["duplicates"] == 0
+    assert midway["positions_of"] == group and sum(midway["pending_by_partition"].values()) == midway["pending"]
+
+    report = as_json(kdg(*consume))
+    assert report["stopped_by"] == "end of topic"
+    # it could only finish once the dead sessions expired and their partitions came to it
+    assert time.monotonic() - last_death >= SESSION_TIMEOUT_S - 1
+    final = audited(kdg, topic)
+    assert (final["lost"], final["duplicates"], final["pending"], final["acked"]) == (0, 0, 0, 30_000)
+
+
+def test_the_audit_still_calls_skipped_records_lost(kdg, topic, group):
+    """At-most-once commits before writing: what a crash skipped is behind the group's position, so lost."""
+    kdg("produce", topic, "-g", "at-least-once", "--count", 5000, "--size", 50)
+    args = ("consume", topic, "-G", group, "-g", "at-most-once", "--batch-size", 500, "-e")
+    crashed = kdg(*args, env={"KDG_FAULT": "after-commit-before-process@2"}, check=False)
+    assert crashed.returncode == -signal.SIGKILL
+    kdg(*args)
+    audit = audited(kdg, topic, "-G", group)
+    assert audit["lost"] == 500 and audit["pending"] == 0 and not audit["balanced"]
