@@ -1,6 +1,5 @@
 """The local stack as a whole: ``up``, ``status``, ``down``, and single-node faults for experiments."""
 
-import json
 import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -169,7 +168,3 @@ def down(layout: StackLayout, *, purge: bool = False) -> dict:
         for name in ("cluster.id", "stack.json"):
             (layout.state_dir / name).unlink(missing_ok=True)
     return stopped
-
-
-def dump(report: StackStatus) -> str:
-    return json.dumps(report.to_dict(), indent=2)
