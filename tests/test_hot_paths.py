@@ -12,7 +12,7 @@ from kdg.errors import UsageError
 from kdg.produce import _stamp
 from kdg.records import Record, id_maker, uuid7
 from kdg.settings import Connection
-from kdg.sinks.postgres import _headers_json
+from kdg.store.rows import headers_json as _headers_json
 
 HEADER_CASES = [
     [],

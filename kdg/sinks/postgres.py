@@ -1,24 +1,10 @@
 """The Postgres sink: rows into a sink table; under exactly-once, dedup and offsets in the same transaction."""
 
-from json.encoder import encode_basestring_ascii as _esc
-
 from kdg import faults
 from kdg.sinks import Batch, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue
 from kdg.store.pg import Store
-
-
-def _headers_json(headers) -> str:
-    """Headers as a JSON object, exactly as ``json.dumps`` would write it, at under half the cost.
-
-    A repeated header name appears twice in the text; ``jsonb`` keeps the last, as a dict would.
-    """
-    return "{" + ",".join([_esc(k) + ":" + ("null" if v is None else _esc(v.decode("utf-8", "replace")))
-                           for k, v in headers]) + "}"
-
-
-def _row(rec, key: str) -> tuple:
-    return (key, rec.topic, rec.partition, rec.offset, rec.key, rec.value, _headers_json(rec.headers))
+from kdg.store.rows import sink_row
 
 
 class PostgresSink:
@@ -46,7 +32,7 @@ class PostgresSink:
         return self.store.stored_offsets(self.group, self.topic)
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
-        rows = [_row(rec, key) for rec, key in batch.records]
+        rows = [sink_row(rec, key) for rec, key in batch.records]
         self.dlq.send(batch.dead)  # durable before the rows and offsets that account for them commit
 
         def at_commit():

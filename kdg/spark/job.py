@@ -6,6 +6,7 @@ from typing import Callable
 
 from kdg.records import ID_HEADER
 from kdg.spark.ranges import Ranges
+from kdg.store.rows import spark_projection
 from kdg.spark.writer import SUMMARY_SCHEMA, WriteSpec, write_task
 
 ROWS_PER_TASK = 250_000  # Kafka partitions larger than this are split across Spark tasks
@@ -53,10 +54,7 @@ def key_expression(id_kind: str | None, id_arg: str | None, *, required: bool) -
 
 def sink_rows(frame, key_sql: str):
     """The Kafka frame shaped as the store's sink rows (headers as one JSON object, as `kdg consume` writes)."""
-    return frame.selectExpr(
-        f"{key_sql} AS idempotency_key", "topic", "partition", "offset", "key", "value",
-        "coalesce(to_json(map_from_entries(transform(headers, h -> struct(h.key, cast(h.value as string))))),"
-        " '{}') AS headers")
+    return frame.selectExpr(*spark_projection(key_sql))
 
 
 def run_write(spark, rows, spec: WriteSpec, progress: Callable[[int, int, int], None] | None = None) -> dict:

@@ -11,9 +11,10 @@ from typing import Iterator
 
 from kdg import faults
 from kdg.errors import KeylessRecord
+from kdg.store.rows import SINK_COLUMNS
 
 SUMMARY_SCHEMA = "rows_read long, rows_written long, duplicates_dropped long, chunks long"
-COLUMNS = ("idempotency_key", "topic", "partition", "offset", "key", "value", "headers")
+COLUMNS = SINK_COLUMNS
 
 
 @dataclass(frozen=True)

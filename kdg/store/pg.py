@@ -13,15 +13,11 @@ import asyncpg
 from kdg.errors import ConnectionFailed, Fenced, PostgresRefused
 from kdg.settings import redact_dsn, sql_identifier
 from kdg.store.migrations import connect
+from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, quoted, staging_table
 
-SINK_COLUMNS = ("idempotency_key", "topic", "partition", "offset", "key", "value", "headers")
-DEDUP_COLUMNS = ("sink_table", "idempotency_key", "topic", "partition", "offset")
-GROUP_SINK_COLUMNS = ("idempotency_key", "consumer_group", *SINK_COLUMNS[1:])
+DEDUP_COLUMNS = ("sink_table", *SINK_COLUMNS[:4])  # the claim: which table, which key, where it came from
 LEDGER_COLUMNS = ("run_id", "idempotency_key", "topic", "seq", "status", "partition", "offset", "error")
-
-_STAGE = """CREATE TEMP TABLE IF NOT EXISTS kdg_stage (
-    idempotency_key text, topic text, "partition" integer, "offset" bigint,
-    key bytea, value bytea, headers jsonb) ON COMMIT DELETE ROWS"""
+_STAGE = staging_table()
 
 
 class Store:
