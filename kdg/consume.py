@@ -11,9 +11,9 @@ from typing import Callable
 from kdg import faults
 from kdg.errors import Fenced, RetryBatch, UsageError
 from kdg.guarantees import CommitMode, policy_for
-from kdg.kafka.admin import topic_partitions, watermarks
+from kdg.kafka.admin import topic_partitions
 from kdg.kafka.consumer import KdgConsumer, StartOffset
-from kdg.offsets import OffsetProtocol
+from kdg.offsets import OffsetProtocol, TopicEnd
 from kdg.records import Record
 from kdg.settings import Connection
 from kdg.sinks import Batch, parse_sink
@@ -185,7 +185,10 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
 
         consumer.subscribe(req.topic, on_assign=on_assign, on_revoke=offsets.revoke)
         end = TopicEnd(offsets, consumer, bootstrap, extra, req.topic, partitions, policy.isolation_level)
-        _loop(req, policy, resolver, consumer, offsets, sink, end, report)
+        try:
+            _loop(req, policy, resolver, consumer, offsets, sink, end, report)
+        finally:
+            end.close()
     finally:
         report.never_assigned = sorted(set(partitions) - consumer.ever_assigned)
         consumer.close()
@@ -219,37 +222,6 @@ def _loop(req, policy, resolver, consumer, offsets, sink, end, report) -> None:
     finally:
         report.duration_s = round(time.monotonic() - started, 3)
         report.msgs_per_s = round(report.consumed / report.duration_s, 1) if report.duration_s else 0.0
-
-
-class TopicEnd:
-    """``-e``: the whole topic is read for this group, not only the partitions this member holds.
-
-    Held partitions must be at their end; the others (held by nobody yet, or by a dead member whose
-    session has not expired) must have their stored offset at the end, in Postgres or Kafka as the
-    policy keeps them. Until then the consumer keeps polling and picks them up when they move.
-    """
-
-    CHECK_EVERY_S = 1.0
-
-    def __init__(self, offsets, consumer, bootstrap, extra, topic, partitions, isolation):
-        self.offsets, self.consumer = offsets, consumer
-        self.bootstrap, self.extra, self.topic, self.partitions = bootstrap, extra, topic, partitions
-        self.isolation = isolation
-        self._checked = 0.0
-
-    def reached(self) -> bool:
-        if not self.consumer.held_at_end():
-            return False
-        held = {p for _, p in self.consumer.assigned}
-        others = [p for p in self.partitions if p not in held]
-        if not others:
-            return True
-        if time.monotonic() - self._checked < self.CHECK_EVERY_S:
-            return False
-        self._checked = time.monotonic()
-        ends = watermarks(self.bootstrap, self.topic, self.extra, self.isolation)
-        stored = self.offsets.stored(others)
-        return all((stored.get(p) if stored.get(p) is not None else ends[p][0]) >= ends[p][1] for p in others)
 
 
 def _handle(msgs, req, policy, resolver, offsets, sink, report) -> None:

@@ -9,11 +9,14 @@ the consume loop never decides any of it:
   fenced per assignment) or in the Kafka sink's producer transaction.
 """
 
+import time
+
 from confluent_kafka import TopicPartition
 
 from kdg import faults
 from kdg.errors import UsageError
 from kdg.guarantees import CommitMode, DeliveryPolicy
+from kdg.kafka.admin import watermarks
 from kdg.kafka.consumer import KdgConsumer
 from kdg.sinks import Batch
 
@@ -68,3 +71,61 @@ class OffsetProtocol:
             found = self.sink.stored_offsets()
             return {p: found.get(p) for p in partitions}
         return self.consumer.committed(self.topic, partitions)
+
+
+class TopicEnd:
+    """``-e``: the whole topic is read for this group, not only the partitions this member holds.
+
+    Held partitions must be at their end; the others (held by nobody yet, by another member, or by
+    a dead member whose session has not expired) must have their stored offset at the end, in
+    Postgres or Kafka as the policy keeps them. Until then the consumer keeps polling, and picks
+    partitions up when they move to it.
+    """
+
+    CHECK_EVERY_S = 1.0
+
+    def __init__(self, offsets, consumer, bootstrap, extra, topic, partitions, isolation):
+        self.offsets, self.consumer = offsets, consumer
+        self.bootstrap, self.extra, self.topic, self.partitions = bootstrap, extra, topic, partitions
+        self.isolation = isolation
+        self._checked = 0.0
+        self._reader = None
+
+    def reached(self) -> bool:
+        if not self.consumer.held_at_end():
+            return False
+        held = {p for _, p in self.consumer.assigned}
+        others = [p for p in self.partitions if p not in held]
+        if not others:
+            return True
+        if time.monotonic() - self._checked < self.CHECK_EVERY_S:
+            return False
+        self._checked = time.monotonic()
+        ends = watermarks(self.bootstrap, self.topic, self.extra, self.isolation)
+        stored = self.offsets.stored(others)
+        behind = {p: stored[p] if stored.get(p) is not None else ends[p][0] for p in others}
+        behind = {p: o for p, o in behind.items() if o < ends[p][1]}
+        return not behind or self._only_markers(behind, ends)
+
+    def _only_markers(self, positions: dict[int, int], ends) -> bool:
+        """Whether nothing but transaction markers lies between each stored position and the end.
+
+        A transactional producer ends each partition with a commit marker: the group's next offset
+        stops one short of the end offset, with nothing left to read.
+        """
+        from kdg.kafka.clients import reader
+
+        if self._reader is None:
+            self._reader = reader(self.bootstrap, self.extra, group="kdg-end-check", isolation=self.isolation)
+        self._reader.assign([TopicPartition(self.topic, p, o) for p, o in positions.items()])
+        try:
+            if any(m.error() is None for m in self._reader.consume(100, 1.0)):
+                return False
+            return all(self._reader.position([TopicPartition(self.topic, p)])[0].offset >= ends[p][1]
+                       for p in positions)
+        finally:
+            self._reader.unassign()
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()

@@ -1,6 +1,9 @@
 """`-e` after crashes: the whole topic is read before exiting, and the audit tells pending from lost."""
 
+import os
 import signal
+import subprocess
+import sys
 import time
 
 from conftest import as_json, audited
@@ -26,6 +29,31 @@ def test_e_after_three_crashes_waits_for_the_dead_members_partitions(kdg, topic,
     assert time.monotonic() - last_death >= SESSION_TIMEOUT_S - 1
     final = audited(kdg, topic)
     assert (final["lost"], final["duplicates"], final["pending"], final["acked"]) == (0, 0, 0, 30_000)
+
+
+def test_e_waits_for_partitions_a_slower_live_member_holds(kdg, stack, topic, group):
+    """The -e member's own partitions end first; it must not exit while the group's other member still reads.
+
+    With the old rule (exit when the partitions this member holds are at their end) this member
+    stops early and the audit at that moment shows pending records.
+    """
+    kdg("produce", topic, "-g", "exactly-once", "--count", 6000, "--size", 50)
+    env = {**{k: v for k, v in os.environ.items() if k != "KDG_FAULT"},
+           "KDG_BOOTSTRAP_SERVERS": stack.bootstrap_servers, "KDG_PG_DSN": stack.pg_dsn}
+    slow = subprocess.Popen([sys.executable, "-m", "kdg", "consume", topic, "-G", group, "-g", "exactly-once",
+                             "--batch-size", "100", "--handler", "slow_handler:slow", "-e", "--json"],
+                            env={**env, "PYTHONPATH": os.path.dirname(__file__)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(6)  # the slow member owns every partition and has started
+        fast = as_json(kdg("consume", topic, "-G", group, "-g", "exactly-once", "-e", "--json"))
+        at_exit = audited(kdg, topic)
+        assert fast["stopped_by"] == "end of topic"
+        assert at_exit["pending"] == 0 and at_exit["lost"] == 0 and at_exit["duplicates"] == 0, at_exit
+    finally:
+        out, err = slow.communicate(timeout=300)
+    assert slow.returncode == 0, err
+    assert audited(kdg, topic)["processed_unique"] == 6000
 
 
 def test_the_audit_still_calls_skipped_records_lost(kdg, topic, group):
