@@ -225,8 +225,9 @@ def run_job(kind: str, topic: str, table: str) -> None:
     conn, policy = connection(), policy_for(GUARANTEE)
     ranges = watermarks(conn.bootstrap_servers, topic, isolation=policy.isolation_level)
     started = time.monotonic()
-    spark = spark_session("local[*]", task_retries=policy.spark_task_retries, echo=lambda t: print(t, file=sys.stderr))
-    try:
+    with spark_session("local[*]", task_retries=policy.spark_task_retries,
+                       echo=lambda t: print(t, file=sys.stderr)) as run:
+        spark = run.spark
         job_started = time.monotonic()
         frame = kafka_frame(spark, topic, ranges,
                             source_options=spark_source_options(conn.bootstrap_servers, conn.extra, policy))
@@ -242,8 +243,6 @@ def run_job(kind: str, topic: str, table: str) -> None:
         else:
             count = sum(r["rows"] for r in rows.mapInArrow(_to_python, "rows long").collect())
         duration = time.monotonic() - job_started
-    finally:
-        spark.stop()
     me = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({"rows": count, "duration_s": round(duration, 3), "rows_per_s": round(count / duration, 1),
                       "spark_start_s": round(job_started - started, 3), "self_peak_kb": me.ru_maxrss,

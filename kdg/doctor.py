@@ -98,11 +98,17 @@ def _eos_settings(bootstrap: str, broker_id: int, brokers: int):
     return not problems, "; ".join(problems) if problems else shown
 
 
-def _postgres(dsn: str):
-    from kdg.store.migrations import pending_migrations
+def _postgres(dsn: str, on_stack: bool):
+    from kdg.errors import ConnectionFailed
+    from kdg.store.migrations import schema_status
 
-    pending = pending_migrations(dsn)
-    return True, f"reachable at {redact_dsn(dsn)}", pending
+    try:
+        status = schema_status(dsn)
+    except ConnectionFailed as exc:
+        if on_stack:
+            raise ConnectionFailed(f"{exc}; the local stack's Postgres is not running: `kdg stack up`") from exc
+        raise
+    return True, f"reachable at {status.dsn}", status.pending
 
 
 def run_doctor(bootstrap: str | None, pg_dsn: str | None, state_dir: Path | None) -> DoctorReport:
@@ -118,8 +124,10 @@ def run_doctor(bootstrap: str | None, pg_dsn: str | None, state_dir: Path | None
         _check(report, "controller quorum", lambda: _quorum(layout))
     if ids:
         _check(report, "exactly-once settings", lambda: _eos_settings(conn.bootstrap_servers, ids[0], len(ids)))
-    pending = _check(report, "postgres", lambda: _postgres(conn.pg_dsn))
-    if pending is not None:
+    on_stack = conn.pg_dsn == layout.pg_dsn and layout.uses_embedded_pg
+    pending = _check(report, "postgres", lambda: _postgres(conn.pg_dsn, on_stack))
+    if pending is not None:  # the local stack's `up` migrates its own Postgres; any other needs `kdg db migrate`
+        fix = "kdg stack up" if on_stack else f"kdg db migrate --pg-dsn '{redact_dsn(conn.pg_dsn)}'"
         report.checks.append(Check("schema migrated", not pending,
-                                   "up to date" if not pending else f"pending: {', '.join(pending)} (`kdg stack up`)"))
+                                   "up to date" if not pending else f"pending: {', '.join(pending)}; run: {fix}"))
     return report

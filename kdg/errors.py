@@ -17,6 +17,10 @@ class UsageError(KdgError):
     exit_code = 2
 
 
+class UnknownTopic(UsageError):
+    """A topic the command reads does not exist."""
+
+
 class PolicyViolation(UsageError):
     """An override would weaken the chosen delivery guarantee."""
 
@@ -25,6 +29,10 @@ class MissingComponent(KdgError):
     """A program kdg needs (Java, Maven, a jar, Postgres binaries) is not installed."""
 
     exit_code = 3
+
+
+class SchemaMissing(MissingComponent):
+    """The database has not got every kdg migration applied (`kdg db migrate` applies them)."""
 
 
 class StackError(KdgError):

@@ -16,7 +16,7 @@ from typing import Callable
 
 from kdg.errors import ConnectionFailed, DeliveryError, KdgError, UsageError
 from kdg.guarantees import CommitMode, policy_for
-from kdg.settings import Connection, sql_identifier
+from kdg.settings import Connection, table_name
 from kdg.spark.ranges import Ranges, parse_bound, resolve_range
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
@@ -65,11 +65,10 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
     from kdg.kafka.clients import spark_source_options
     from kdg.spark.session import check_conf
     from kdg.spark.writer import WriteSpec
-    from kdg.store.migrations import apply_migrations
     from kdg.store.pg import Store
 
     policy = policy_for(req.guarantee)
-    table = sql_identifier(req.table)
+    table = table_name(req.table).text  # canonical: the dedup key, the report, WriteSpec (picklable)
     id_kind, id_arg = _id_from(req.id_from)
     if not req.group.strip():
         raise UsageError("--group must not be empty")
@@ -78,11 +77,10 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
     start, end = parse_bound(req.start, "--from"), parse_bound(req.end, "--to")
     check_conf(req.spark_conf)
     source_options = spark_source_options(req.conn.bootstrap_servers, req.conn.extra, policy)  # refused before any record
-    apply_migrations(req.conn.pg_dsn)  # Postgres unreachable: a clear error before Spark starts
     replay_id = uuid.uuid4()
-    with Store(req.conn.pg_dsn) as store:
+    with Store(req.conn.pg_dsn) as store:  # unreachable, or no kdg schema: a clear error before Spark starts
+        ranges = _resolve(req, policy.isolation_level, start, end, store)  # a bad range creates nothing
         store.ensure_sink_table(table)
-        ranges = _resolve(req, policy.isolation_level, start, end, store)
         if req.on_range:
             req.on_range(ranges)
         record_first = policy.commit_mode is CommitMode.BEFORE_PROCESSING
@@ -145,17 +143,16 @@ def _run_job(req: ReplayRequest, policy, ranges: Ranges, spec, id_kind, id_arg, 
     from kdg.spark.session import spark_session
 
     started = time.monotonic()
-    spark = spark_session(req.master, task_retries=policy.spark_task_retries, conf=req.spark_conf, echo=req.echo)
-    try:
+    # an exception leaves this block carrying spark_log, Spark's log file, for _explain to name
+    with spark_session(req.master, task_retries=policy.spark_task_retries, conf=req.spark_conf,
+                       echo=req.echo) as run:
         job_started = time.monotonic()
-        frame = kafka_frame(spark, req.topic, ranges, source_options=source_options)
+        frame = kafka_frame(run.spark, req.topic, ranges, source_options=source_options)
         rows = sink_rows(frame, key_expression(id_kind, id_arg, required=policy.dedup))
-        totals = run_write(spark, rows, spec, req.progress)
+        totals = run_write(run.spark, rows, spec, req.progress)
         totals["duration_s"] = round(time.monotonic() - job_started, 3)
         totals["spark_start_s"] = round(job_started - started, 3)
-        return totals
-    finally:
-        spark.stop()
+    return totals
 
 
 _PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$", re.M)
@@ -169,6 +166,10 @@ def _explain(exc: BaseException, policy) -> KdgError:
     if isinstance(exc, KeyboardInterrupt):
         return DeliveryError("interrupted; the replay ledger says what was recorded")
     text = str(exc)
+    log = getattr(exc, "spark_log", None)  # set by kdg.spark.session for whatever failed while Spark ran
+    details = f"; Spark's log: {log}" if log else ""
+    if "JAVA_GATEWAY_EXITED" in text:
+        return DeliveryError(f"Spark's JVM did not start{details}")
     for name, kind in _CAUSES:
         found = re.search(rf"{name}: (.+)", text)
         if found:
@@ -183,4 +184,4 @@ def _explain(exc: BaseException, policy) -> KdgError:
         cause = lines[0][:300] if lines else type(exc).__name__
     retry = ("task retries are off under this guarantee, so the job stopped"
              if not policy.spark_task_retries else "Spark gave up after retrying the task")
-    return DeliveryError(f"the Spark job failed: {cause} ({retry})")
+    return DeliveryError(f"the Spark job failed: {cause} ({retry}){details}")

@@ -30,11 +30,26 @@ def local_layout(state_dir: Path | None = None) -> StackLayout:
 
 def connection(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
                properties: list[str] | None = None, state_dir: Path | None = None) -> Connection:
-    """Explicit values win, then ``KDG_*`` variables (Typer fills those), then the local stack."""
+    """Explicit values win, then ``KDG_*`` variables (Typer fills those), then the local stack.
+
+    A DSN asyncpg could not parse (not a ``postgresql://`` URL, a port that is no number) is a
+    usage error naming it without its password.
+    """
     layout = local_layout(state_dir)
+    dsn = pg_dsn or os.environ.get("KDG_PG_DSN") or layout.pg_dsn
+    try:
+        parts = urlsplit(dsn)
+    except ValueError as exc:
+        raise UsageError(f"--pg-dsn {redact_dsn(dsn)}: {exc}") from None
+    if parts.scheme not in ("postgresql", "postgres"):
+        raise UsageError(f"--pg-dsn {redact_dsn(dsn)!r}: expected a URL, postgresql://USER:PASSWORD@HOST:PORT/DB")
+    for host in parts.netloc.rpartition("@")[2].split(","):  # host[:port], [v6]:port, comma-separated
+        _, colon, port = host.rpartition("]")[2].partition(":")
+        if colon and not (port.isdigit() and 0 < int(port) < 65536):
+            raise UsageError(f"--pg-dsn {redact_dsn(dsn)!r}: port {port!r} is not a number from 1 to 65535")
     return Connection(
         bootstrap_servers=bootstrap_servers or layout.bootstrap_servers,
-        pg_dsn=pg_dsn or os.environ.get("KDG_PG_DSN") or layout.pg_dsn,
+        pg_dsn=dsn,
         extra=parse_properties(properties or []),
     )
 
@@ -56,10 +71,10 @@ def redact_dsn(dsn: str) -> str:
         parts = urlsplit(dsn)
     except ValueError:
         return "<unparseable dsn>"
-    if parts.password is None:
-        return re.sub(r"(password=)\S+", r"\1***", dsn)
-    netloc = parts.netloc.replace(f":{parts.password}@", ":***@")
-    return urlunsplit(parts._replace(netloc=netloc))
+    masked = dsn
+    if parts.password is not None:
+        masked = urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
+    return re.sub(r"(password=)[^&\s]+", r"\1***", masked)  # libpq style, or ?password= in a URL
 
 
 def redact_properties(props: dict[str, str]) -> dict[str, str]:
@@ -71,3 +86,46 @@ def sql_identifier(name: str, what: str = "table") -> str:
     if not _IDENTIFIER.match(name):
         raise UsageError(f"{what} name {name!r} must match [a-z_][a-z0-9_]* (at most 63 characters)")
     return name
+
+
+@dataclass(frozen=True)
+class TableName:
+    """A sink table, in the default schema (``schema`` None) or in a named one."""
+
+    schema: str | None
+    name: str
+
+    @property
+    def sql(self) -> str:
+        """For SQL text, each part double-quoted: ``"app"."events"``."""
+        return ".".join(f'"{part}"' for part in self._parts())
+
+    @property
+    def text(self) -> str:
+        """The canonical spelling, ``app.events``: the key in ``kdg_dedup.sink_table`` and in reports."""
+        return ".".join(self._parts())
+
+    def _parts(self) -> tuple[str, ...]:
+        return (self.name,) if self.schema is None else (self.schema, self.name)
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def table_name(text: "str | TableName") -> TableName:
+    """Parse ``name`` or ``schema.name``, each part a plain lower-case SQL identifier, else a usage error.
+
+    >>> table_name("app.events").sql
+    '"app"."events"'
+    """
+    if isinstance(text, TableName):
+        return text
+    parts = text.split(".")
+    if len(parts) > 2:
+        raise UsageError(f"table {text!r}: expected NAME or SCHEMA.NAME, not {len(parts)} dotted parts")
+    try:
+        schema = sql_identifier(parts[0], "schema") if len(parts) == 2 else None
+        name = sql_identifier(parts[-1], "table")
+    except UsageError as exc:
+        raise UsageError(f"table {text!r}: {exc}") from None
+    return TableName(schema, name)

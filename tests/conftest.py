@@ -40,6 +40,21 @@ def stack():
 
 
 @pytest.fixture(scope="session")
+def external_pg():
+    """A PostgreSQL server apart from the stack's, reached by password: ``postgresql://appuser:…@…/appdb``.
+
+    Debian's ``postgresql`` binaries; missing, they fail the tests that need them (never a skip).
+    """
+    from pg_server import PostgresServerError, external_postgres
+
+    try:
+        with external_postgres() as dsn:
+            yield dsn
+    except PostgresServerError as exc:
+        pytest.fail(f"the external PostgreSQL server for tests: {exc}", pytrace=False)
+
+
+@pytest.fixture(scope="session")
 def conn(stack) -> Connection:
     return Connection(bootstrap_servers=stack.bootstrap_servers, pg_dsn=stack.pg_dsn)
 

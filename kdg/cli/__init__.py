@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from kdg.cli import chaos, stack
+from kdg.cli import chaos, db, stack
 from kdg.errors import KdgError
 
 app = typer.Typer(
@@ -22,6 +22,7 @@ app = typer.Typer(
 )
 app.add_typer(stack.app, name="stack")
 app.add_typer(chaos.app, name="chaos")
+app.add_typer(db.app, name="db")
 
 
 def _register() -> None:

@@ -1,6 +1,7 @@
 """The Postgres sink: rows into a sink table; under exactly-once, dedup and offsets in the same transaction."""
 
 from kdg import faults
+from kdg.settings import table_name
 from kdg.sinks import Batch, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue
 from kdg.store.pg import Store
@@ -12,6 +13,7 @@ class PostgresSink:
     keeps_offsets = True    # ... and then the offsets live here (kdg_offsets), not in Kafka
 
     def __init__(self, dsn: str, table: str, group: str, topic: str, dlq: DeadLetterQueue, handler=None):
+        table = table_name(table)  # a malformed name is refused before Postgres is reached
         self.store = Store(dsn)
         self.table = self.store.ensure_sink_table(table)
         self.group, self.topic, self.dlq, self.handler = group, topic, dlq, handler

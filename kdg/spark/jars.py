@@ -3,7 +3,7 @@
 from pathlib import Path
 
 from kdg.errors import MissingComponent
-from kdg.paths import SPARK_POM, cache_dir
+from kdg.paths import cache_dir, spark_pom
 from kdg.stack.jars import fetch_with_maven
 
 
@@ -25,7 +25,7 @@ def spark_jars(echo=print) -> list[Path]:
     import pyspark
 
     version = pyspark_version()
-    lib = fetch_with_maven(SPARK_POM, spark_lib_dir(version), f"Spark {version} Kafka connector",
+    lib = fetch_with_maven(spark_pom(), spark_lib_dir(version), f"Spark {version} Kafka connector",
                            {"spark.version": version}, echo=echo)
     shipped = {_artifact(p.name) for p in (Path(pyspark.__file__).parent / "jars").glob("*.jar")}
     return sorted(p for p in lib.glob("*.jar") if _artifact(p.name) not in shipped)

@@ -1,26 +1,37 @@
-"""The SparkSession a replay runs in: the connector jars, task retries as the policy says, quiet logs.
+"""The Spark a replay runs in: the connector jars, task retries as the policy says, its log in a file.
 
 ``local[*]`` by default; any ``--master`` works. Off the local master, executors run this package's
 code, so kdg ships itself to them as a zip (``addPyFile``); the compiled libraries it needs there
 (asyncpg, pyarrow) must be installed on the executors — see the README.
+
+Spark's JVM — in local mode its executors and their Python workers too — writes to
+``<state dir>/logs/spark-<time>.log``, never to the terminal; a failed task is one line through
+``echo`` that names the file.
 """
 
 import os
 import re
+import shutil
 import sys
 import tempfile
+import threading
+import time
 import zipfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
+import kdg
 from kdg.errors import UsageError
-from kdg.paths import PROJECT_ROOT
+from kdg.paths import default_state_dir, resource_path
 from kdg.spark.jars import spark_jars
 from kdg.stack.jars import require_java
 
 TASK_ATTEMPTS = 4  # Spark's own default for spark.task.maxFailures on a cluster
 _OWNED = {"spark.task.maxFailures"}
 _LOCAL = re.compile(r"^local(\[(\*|\d+)(,\s*\d+)?\])?$")
-_QUIET_LOG4J = PROJECT_ROOT / "kdg" / "resources" / "spark-log4j2.properties"
+_PACKAGE = Path(kdg.__file__).resolve().parent  # shipped whole to executors off the local master
+_jvm_log: Path | None = None  # Spark's JVM outlives a stopped session in this process, and keeps its log file
 
 
 def master_url(master: str, task_retries: bool) -> str:
@@ -43,38 +54,158 @@ def check_conf(conf: dict[str, str]) -> None:
         raise UsageError(f"--conf {owned[0]} is refused: the guarantee decides whether a failed task is retried")
 
 
-def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | None = None, echo=print):
-    """A SparkSession for one replay. The caller stops it."""
+class SparkRun:
+    """A started SparkSession and what it leaves behind; ``stop()``, or leaving ``with``, cleans up all of it.
+
+    ``spark`` is the session, ``log`` Spark's log file. An exception raised inside ``with`` leaves
+    carrying ``spark_log`` (that file), so whoever explains it can say where the details are.
+    """
+
+    def __init__(self, spark, log: Path, failures: "_FailedTasks"):
+        self.spark, self.log = spark, log
+        self._failures, self._scratch = failures, None
+
+    def ship_package(self) -> None:
+        """Send this kdg package to the executors (``addPyFile``); its zip is removed on ``stop()``."""
+        self._scratch = Path(tempfile.mkdtemp(prefix="kdg-pyfiles-"))
+        self.spark.sparkContext.addPyFile(str(_package_zip(self._scratch)))
+
+    def stop(self) -> None:
+        try:
+            self.spark.stop()
+        finally:
+            self._failures.stop()
+            if self._scratch:
+                shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def __enter__(self) -> "SparkRun":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is not None:
+            exc.spark_log = self.log
+        self.stop()
+
+
+def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | None = None,
+                  echo: Callable[[str], None] = print) -> SparkRun:
+    """Start Spark for one replay: ``with spark_session("local[*]", task_retries=True) as run: run.spark…``"""
     require_java()
     jars = spark_jars(echo=echo)
+    log = _jvm_log or _new_log()
+    log4j = resource_path("spark-log4j2.properties")  # sends everything to the file named in kdg.spark.log
+    settings = {
+        "spark.master": master_url(master, task_retries),
+        "spark.app.name": "kdg spark-replay",
+        "spark.jars": ",".join(str(j) for j in jars),
+        "spark.task.maxFailures": str(TASK_ATTEMPTS if task_retries else 1),
+        "spark.sql.mapKeyDedupPolicy": "LAST_WIN",   # repeated header names: last wins, as in consume
+        "spark.ui.showConsoleProgress": "false",     # kdg draws its own progress
+        "spark.driver.extraJavaOptions": f'-Dlog4j2.configurationFile="{log4j}" -Dkdg.spark.log="{log}"',
+    }
+    if fault := os.environ.get("KDG_FAULT"):
+        settings["spark.executorEnv.KDG_FAULT"] = fault
+    settings.update(conf or {})
+    try:
+        spark = _start(settings, log)
+    except BaseException as exc:
+        exc.spark_log = log
+        raise
+    run = SparkRun(spark, log, _FailedTasks(log, TASK_ATTEMPTS if task_retries else 1, echo))
+    if not _LOCAL.match(master.strip()):
+        try:
+            run.ship_package()
+        except BaseException:
+            run.stop()
+            raise
+    return run
+
+
+def _new_log() -> Path:
+    logs = default_state_dir() / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    return logs / f"spark-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.log"
+
+
+def _start(settings: dict[str, str], log: Path):
+    """The SparkSession, its JVM's stdout and stderr appended to ``log`` (what log4j does not catch:
+    the JVM's own warnings, Python workers' stderr, which Spark copies to the JVM's)."""
+    global _jvm_log
+    from pyspark import SparkConf, SparkContext
+    from pyspark.java_gateway import launch_gateway
     from pyspark.sql import SparkSession
 
-    builder = (SparkSession.builder.master(master_url(master, task_retries)).appName("kdg spark-replay")
-               .config("spark.jars", ",".join(str(j) for j in jars))
-               .config("spark.task.maxFailures", str(TASK_ATTEMPTS if task_retries else 1))
-               .config("spark.sql.mapKeyDedupPolicy", "LAST_WIN")   # repeated header names: last wins, as in consume
-               .config("spark.ui.showConsoleProgress", "false")     # kdg draws its own progress
-               .config("spark.driver.extraJavaOptions", f"-Dlog4j2.configurationFile=file:{_QUIET_LOG4J}")
-               )
-    # Python workers run this interpreter (its venv has kdg, asyncpg and pyarrow) unless told otherwise
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
-    if fault := os.environ.get("KDG_FAULT"):
-        builder = builder.config("spark.executorEnv.KDG_FAULT", fault)
-    for key, value in (conf or {}).items():
-        builder = builder.config(key, value)
-    spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("ERROR")
-    if not _LOCAL.match(master.strip()):
-        spark.sparkContext.addPyFile(str(_package_zip()))
-    return spark
+    conf = SparkConf().setAll(list(settings.items()))
+    with open(log, "ab") as out, _workers_python():
+        # a second session in this process reuses the running JVM, which kdg cannot redirect again
+        gateway = None if SparkContext._gateway else launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
+        SparkContext(conf=conf, gateway=gateway)
+    _jvm_log = log
+    return SparkSession.builder.getOrCreate()
 
 
-def _package_zip() -> Path:
-    """This very kdg package as a zip, so executors run the driver's code, not some other version."""
-    package = PROJECT_ROOT / "kdg"
-    target = Path(tempfile.mkdtemp(prefix="kdg-pyfiles-")) / "kdg.zip"
+@contextmanager
+def _workers_python():
+    """``PYSPARK_PYTHON`` while the SparkContext is made (it reads it then, once): the caller's choice, else this
+    interpreter, whose venv has kdg, asyncpg and pyarrow. The caller's environment is left as it was."""
+    before = os.environ.get("PYSPARK_PYTHON")
+    os.environ["PYSPARK_PYTHON"] = before or sys.executable
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYSPARK_PYTHON"]
+        else:
+            os.environ["PYSPARK_PYTHON"] = before
+
+
+def _package_zip(folder: Path) -> Path:
+    """This very kdg package as ``folder/kdg.zip``, so executors run the driver's code, not some other version."""
+    target = folder / "kdg.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in package.rglob("*"):
+        for path in _PACKAGE.rglob("*"):
             if path.is_file() and "__pycache__" not in path.parts:
-                zf.write(path, path.relative_to(PROJECT_ROOT))
+                zf.write(path, Path("kdg") / path.relative_to(_PACKAGE))
     return target
+
+
+# Spark's TaskSetManager: "Lost task 0.0 in stage 0.0 (TID 0) (host executor driver): <reason>" — index.attempt
+_LOST_TASK = re.compile(r" TaskSetManager: Lost task (\d+)\.(\d+) in stage \S+ \(TID \d+\) \(.*?\): (?!TaskKilled)")
+
+
+class _FailedTasks:
+    """Follows Spark's log and echoes one line per failed task attempt; its stack trace stays in the file."""
+
+    def __init__(self, log: Path, attempts: int, echo: Callable[[str], None], every_s: float = 0.5):
+        self._log, self._attempts, self._echo, self._every = log, attempts, echo, every_s
+        self._read_to = log.stat().st_size if log.exists() else 0
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kdg-spark-failures", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._done.wait(self._every):
+            self._read()
+        self._read()  # what Spark logged just before the session stopped
+
+    def _read(self) -> None:
+        with open(self._log, "rb") as f:
+            f.seek(self._read_to)
+            new = f.read()
+        whole = new[:new.rfind(b"\n") + 1]  # a line still being written is read next time
+        self._read_to += len(whole)
+        for line in whole.decode(errors="replace").splitlines():
+            if found := _LOST_TASK.search(line):
+                self._echo(self._say(int(found.group(1)), int(found.group(2)) + 1))
+
+    def _say(self, task: int, attempt: int) -> str:
+        if self._attempts == 1:
+            what = "task retries are off under this guarantee"
+        else:
+            then = "Spark retries it" if attempt < self._attempts else "Spark gives up"
+            what = f"attempt {attempt} of {self._attempts}; {then}"
+        return f"spark: task {task} failed ({what}) — details in {self._log}"
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=5)

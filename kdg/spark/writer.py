@@ -20,7 +20,7 @@ COLUMNS = SINK_COLUMNS
 @dataclass(frozen=True)
 class WriteSpec:
     dsn: str
-    table: str
+    table: str             # canonical NAME or SCHEMA.NAME (TableName.text); the store quotes it
     group: str
     dedup: bool            # exactly-once: claim each key in kdg_dedup with its row
     chunk_rows: int        # rows per Postgres transaction

@@ -6,11 +6,12 @@ import subprocess
 from pathlib import Path
 
 from kdg.errors import MissingComponent
-from kdg.paths import KAFKA_POM, cache_dir
+from kdg.paths import cache_dir, kafka_pom
 
 
-def kafka_version(pom: Path = KAFKA_POM) -> str:
-    """The Kafka version pinned in ``compose/pom.xml``."""
+def kafka_version() -> str:
+    """The Kafka version pinned in the shipped ``resources/maven/kafka-pom.xml``."""
+    pom = kafka_pom()
     match = re.search(r"<kafka.version>([^<]+)</kafka.version>", pom.read_text())
     if not match:
         raise MissingComponent(f"{pom} does not pin <kafka.version>")
@@ -39,7 +40,7 @@ def require_java() -> str:
 
 def ensure_kafka_jars(echo=print) -> Path:
     """Return the directory of Kafka's jars, fetching them with Maven on first use."""
-    return fetch_with_maven(KAFKA_POM, kafka_lib_dir(), f"Apache Kafka {kafka_version()}", echo=echo)
+    return fetch_with_maven(kafka_pom(), kafka_lib_dir(), f"Apache Kafka {kafka_version()}", echo=echo)
 
 
 def fetch_with_maven(pom: Path, dest: Path, what: str, properties: dict[str, str] | None = None,

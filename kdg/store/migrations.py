@@ -1,66 +1,160 @@
-"""Apply the numbered SQL files in ``sql/`` once each, in order, under an advisory lock."""
+"""The kdg schema: numbered SQL files shipped in ``kdg/resources/sql``, applied once each, in order.
+
+``apply_migrations`` holds one advisory lock from before it reads what is applied until its
+connection closes, so two processes migrating the same database never race.
+"""
 
 import asyncio
-from pathlib import Path
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from importlib.resources.abc import Traversable
 
 import asyncpg
 
-from kdg.errors import ConnectionFailed
-from kdg.paths import SQL_DIR
+from kdg.errors import ConnectionFailed, MissingComponent, PostgresRefused, SchemaMissing, UsageError
+from kdg.paths import resource
 from kdg.settings import redact_dsn
 
 _LOCK_ID = 0x6B6467  # "kdg"
+_NUMBERED = re.compile(r"^\d{3}_.+\.sql$")
+_TABLE = """CREATE TABLE IF NOT EXISTS kdg_schema_migrations (
+    version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())"""
 
 
-def migration_files(sql_dir: Path = SQL_DIR) -> list[Path]:
-    return sorted(p for p in sql_dir.glob("[0-9][0-9][0-9]_*.sql"))
+@dataclass(frozen=True)
+class MigrationState:
+    """One shipped migration file and when it was applied here (``None``: pending)."""
+
+    version: str
+    applied_at: datetime | None
+
+    @property
+    def is_applied(self) -> bool:
+        return self.applied_at is not None
+
+
+@dataclass
+class SchemaStatus:
+    """Every shipped migration, applied or pending, in one database (``dsn`` without its password)."""
+
+    dsn: str
+    migrations: list[MigrationState] = field(default_factory=list)
+
+    @property
+    def pending(self) -> list[str]:
+        return [m.version for m in self.migrations if not m.is_applied]
+
+    def to_dict(self) -> dict:
+        return {"dsn": self.dsn, "pending": self.pending,
+                "migrations": [{**asdict(m), "applied": m.is_applied} for m in self.migrations]}
+
+
+@dataclass
+class MigrateReport:
+    """What ``kdg db migrate`` did: the files applied now, and those applied before."""
+
+    dsn: str
+    applied: list[str] = field(default_factory=list)
+    already_applied: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def migration_files() -> list[Traversable]:
+    """The shipped migrations in order; none at all is a broken install, never an empty schema."""
+    folder = resource("sql")
+    found = [f for f in folder.iterdir() if _NUMBERED.match(f.name)] if folder.is_dir() else []
+    if not found:
+        raise MissingComponent("this kdg install has no SQL migrations (broken package?): reinstall kdg with pip")
+    return sorted(found, key=lambda f: f.name)
 
 
 async def connect(dsn: str, timeout: float = 10) -> asyncpg.Connection:
+    """An asyncpg connection; a DSN asyncpg refuses is a usage error, an unreachable server ConnectionFailed."""
     try:
         return await asyncpg.connect(dsn, timeout=timeout)
+    except asyncpg.exceptions.ClientConfigurationError as exc:
+        raise UsageError(f"--pg-dsn {redact_dsn(dsn)}: {exc}") from None
     except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
         raise ConnectionFailed(f"cannot reach Postgres at {redact_dsn(dsn)}: {exc}") from exc
 
 
-async def _apply(dsn: str) -> list[str]:
-    conn = await connect(dsn)
-    applied = []
+async def _close(conn: asyncpg.Connection) -> None:
+    """Close, or drop a connection that cannot close cleanly (its advisory lock goes with it either way)."""
     try:
-        await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_ID)
-        await conn.execute("""CREATE TABLE IF NOT EXISTS kdg_schema_migrations (
-            version text PRIMARY KEY, applied_at timestamptz NOT NULL DEFAULT now())""")
-        done = {r["version"] for r in await conn.fetch("SELECT version FROM kdg_schema_migrations")}
-        for path in migration_files():
-            if path.name in done:
+        await conn.close(timeout=5)
+    except (OSError, asyncio.TimeoutError, asyncpg.InterfaceError, asyncpg.PostgresError):
+        conn.terminate()
+
+
+async def _applied_at(conn: asyncpg.Connection) -> dict[str, datetime]:
+    if not await conn.fetchval("SELECT to_regclass('kdg_schema_migrations') IS NOT NULL"):
+        return {}
+    return {r["version"]: r["applied_at"] for r in await conn.fetch(
+        "SELECT version, applied_at FROM kdg_schema_migrations")}
+
+
+async def _migrate(dsn: str) -> MigrateReport:
+    files = migration_files()
+    report = MigrateReport(redact_dsn(dsn))
+    conn = await connect(dsn)
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_ID)  # held until the connection closes
+        await conn.execute(_TABLE)
+        done = await _applied_at(conn)
+        for sql in files:
+            if sql.name in done:
+                report.already_applied.append(sql.name)
                 continue
             async with conn.transaction():
-                await conn.execute(path.read_text())
-                await conn.execute("INSERT INTO kdg_schema_migrations (version) VALUES ($1)", path.name)
-            applied.append(path.name)
+                await conn.execute(sql.read_text())
+                await conn.execute("INSERT INTO kdg_schema_migrations (version) VALUES ($1)", sql.name)
+            report.applied.append(sql.name)
+    except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError) as exc:
+        raise ConnectionFailed(f"lost Postgres at {report.dsn} while migrating: {exc}") from exc
+    except asyncpg.PostgresError as exc:
+        raise PostgresRefused(f"Postgres at {report.dsn} refused the kdg schema ({exc.sqlstate} "
+                              f"{type(exc).__name__}): {str(exc).splitlines()[0]}") from exc
     finally:
-        await conn.close()
-    return applied
+        await _close(conn)
+    return report
 
 
-def apply_migrations(dsn: str) -> list[str]:
-    """Bring the schema up to date; returns the files applied now."""
-    return asyncio.run(_apply(dsn))
+def apply_migrations(dsn: str) -> MigrateReport:
+    """Bring the schema up to date (idempotent); the report names the files applied now."""
+    return asyncio.run(_migrate(dsn))
 
 
-async def _pending(dsn: str) -> list[str]:
+async def _status(dsn: str) -> SchemaStatus:
+    files = migration_files()
     conn = await connect(dsn)
     try:
-        exists = await conn.fetchval("SELECT to_regclass('kdg_schema_migrations') IS NOT NULL")
-        done = set() if not exists else {r["version"] for r in await conn.fetch(
-            "SELECT version FROM kdg_schema_migrations")}
+        done = await _applied_at(conn)
     finally:
-        await conn.close()
-    return [p.name for p in migration_files() if p.name not in done]
+        await _close(conn)
+    return SchemaStatus(redact_dsn(dsn), [MigrationState(f.name, done.get(f.name)) for f in files])
 
 
-def pending_migrations(dsn: str) -> list[str]:
-    return asyncio.run(_pending(dsn))
+def schema_status(dsn: str) -> SchemaStatus:
+    """Each shipped migration, applied (and when) or pending, in the database at ``dsn``."""
+    return asyncio.run(_status(dsn))
+
+
+async def require_schema(conn: asyncpg.Connection, dsn: str) -> None:
+    """Raise :class:`SchemaMissing` unless every shipped migration is applied; one query, outside a transaction."""
+    names = [f.name for f in migration_files()]
+    try:
+        pending = [r["name"] for r in await conn.fetch(
+            "SELECT name FROM unnest($1::text[]) WITH ORDINALITY AS f(name, i) WHERE NOT EXISTS "
+            "(SELECT 1 FROM kdg_schema_migrations m WHERE m.version = f.name) ORDER BY i", names)]
+    except asyncpg.UndefinedTableError:
+        pending = names
+    if pending:
+        shown = redact_dsn(dsn)
+        raise SchemaMissing(f"the kdg schema is not in {shown} (pending: {', '.join(pending)}); "
+                            f"run: kdg db migrate --pg-dsn '{shown}'")
 
 
 def can_connect(dsn: str) -> bool:

@@ -10,9 +10,9 @@ import json
 
 import asyncpg
 
-from kdg.errors import ConnectionFailed, Fenced, PostgresRefused
-from kdg.settings import redact_dsn, sql_identifier
-from kdg.store.migrations import connect
+from kdg.errors import ConnectionFailed, Fenced, PostgresRefused, UsageError
+from kdg.settings import TableName, redact_dsn, table_name
+from kdg.store.migrations import connect, require_schema
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, quoted, staging_table
 
 DEDUP_COLUMNS = ("sink_table", *SINK_COLUMNS[:4])  # the claim: which table, which key, where it came from
@@ -26,9 +26,18 @@ class Store:
     def __init__(self, dsn: str):
         self.dsn = dsn
         self._loop = asyncio.new_event_loop()
-        self.conn: asyncpg.Connection = self._run(connect(dsn))
-        self._run(self.conn.execute(_STAGE))
         self._sink_ready: set[str] = set()
+        try:
+            self.conn: asyncpg.Connection = self._run(connect(dsn))
+        except BaseException:
+            self._loop.close()
+            raise
+        try:
+            self._run(require_schema(self.conn, dsn))
+            self._run(self.conn.execute(_STAGE))
+        except BaseException:
+            self.close()  # a store that cannot be used leaves no connection behind
+            raise
 
     def _run(self, coro):
         try:
@@ -60,13 +69,20 @@ class Store:
         self.close()
 
     # -- sink tables -------------------------------------------------------------------------
-    def ensure_sink_table(self, table: str) -> str:
-        """Create sink ``table`` shaped like ``kdg_events`` if missing; returns the checked name."""
-        table = sql_identifier(table)
-        if table not in self._sink_ready:
+    def ensure_sink_table(self, table: str | TableName) -> TableName:
+        """Create sink ``table`` shaped like ``kdg_events`` if missing; returns the checked name.
+
+        A named schema must exist already: kdg creates its own tables, never a user's schema.
+        """
+        table = table_name(table)
+        if table.text not in self._sink_ready:
+            if table.schema is not None and not self._run(self.conn.fetchval(
+                    "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", table.schema)):
+                raise UsageError(f'schema "{table.schema}" does not exist in {redact_dsn(self.dsn)}; '
+                                 f"create it first (CREATE SCHEMA {table.schema})")
             self._run(self.conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {table} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)"))
-            self._sink_ready.add(table)
+                f"CREATE TABLE IF NOT EXISTS {table.sql} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)"))
+            self._sink_ready.add(table.text)
         return table
 
     # -- offsets -----------------------------------------------------------------------------
@@ -87,7 +103,7 @@ class Store:
         return {r["partition"]: r["next_offset"] for r in rows}
 
     # -- batches -----------------------------------------------------------------------------
-    def write_exactly_once(self, table: str, group: str, rows: list[tuple], next_offsets: dict[int, int],
+    def write_exactly_once(self, table: str | TableName, group: str, rows: list[tuple], next_offsets: dict[int, int],
                            topic: str, fences: dict[int, int], handler=None, before_commit=None) -> int:
         """One transaction: claim keys, insert newly claimed rows, move fenced offsets. Returns rows inserted."""
         return self._run(self._write_exactly_once(table, group, rows, next_offsets, topic, fences,
@@ -103,7 +119,7 @@ class Store:
                 before_commit()
         return inserted
 
-    def write_claimed(self, table: str, group: str, rows: list[tuple]) -> int:
+    def write_claimed(self, table: str | TableName, group: str, rows: list[tuple]) -> int:
         """One transaction: claim keys, insert newly claimed rows (no offsets). Returns rows inserted."""
         async def write():
             async with self.conn.transaction():
@@ -111,7 +127,7 @@ class Store:
 
         return self._run(write()) if rows else 0
 
-    async def _claim_and_insert(self, table: str, group: str, rows: list[tuple]) -> int:
+    async def _claim_and_insert(self, table: str | TableName, group: str, rows: list[tuple]) -> int:
         """Claim each row's key in ``kdg_dedup`` and insert the rows whose claim is new (inside a transaction).
 
         Keys never claimed before (the common case) go in by COPY straight into ``kdg_dedup`` and
@@ -120,12 +136,14 @@ class Store:
         """
         if not rows:
             return 0
+        table = table_name(table)
         try:
             async with self.conn.transaction():  # a savepoint
                 await self.conn.copy_records_to_table(
-                    "kdg_dedup", records=[(table, *r[:4]) for r in rows], columns=DEDUP_COLUMNS)
+                    "kdg_dedup", records=[(table.text, *r[:4]) for r in rows], columns=DEDUP_COLUMNS)
                 await self.conn.copy_records_to_table(
-                    table, records=[(r[0], group, *r[1:]) for r in rows], columns=GROUP_SINK_COLUMNS)
+                    table.name, schema_name=table.schema, records=[(r[0], group, *r[1:]) for r in rows],
+                    columns=GROUP_SINK_COLUMNS)
             return len(rows)
         except asyncpg.exceptions.UniqueViolationError:
             pass
@@ -137,10 +155,10 @@ class Store:
                 INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
                 SELECT $1, idempotency_key, topic, "partition", "offset" FROM kdg_stage
                 ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset")
-            INSERT INTO {table} (idempotency_key, consumer_group, topic, "partition", "offset",
+            INSERT INTO {table.sql} (idempotency_key, consumer_group, topic, "partition", "offset",
                                  key, value, headers)
             SELECT s.idempotency_key, $2, s.topic, s."partition", s."offset", s.key, s.value, s.headers
-            FROM kdg_stage s JOIN claimed c USING (idempotency_key, "partition", "offset")""", table, group)
+            FROM kdg_stage s JOIN claimed c USING (idempotency_key, "partition", "offset")""", table.text, group)
         return int(status.split()[-1])
 
     async def _move_offsets(self, group, topic, next_offsets, fences) -> None:
@@ -155,16 +173,18 @@ class Store:
         if int(status.split()[-1]) != len(parts):
             raise Fenced(f"partitions {parts} of {topic} were reassigned; this consumer's batch was rolled back")
 
-    def write_plain(self, table: str, group: str, rows: list[tuple], handler=None, before_commit=None) -> int:
+    def write_plain(self, table: str | TableName, group: str, rows: list[tuple], handler=None,
+                    before_commit=None) -> int:
         """At-most/at-least-once: insert every row (duplicates stay visible) in one transaction."""
         return self._run(self._write_plain(table, group, rows, handler, before_commit))
 
     async def _write_plain(self, table, group, rows, handler, before_commit):
+        table = table_name(table)
         async with self.conn.transaction():
             if rows:
                 await self.conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
                 await self.conn.execute(f"""
-                    INSERT INTO {table} (idempotency_key, consumer_group, topic, "partition", "offset",
+                    INSERT INTO {table.sql} (idempotency_key, consumer_group, topic, "partition", "offset",
                                          key, value, headers)
                     SELECT idempotency_key, $1, topic, "partition", "offset", key, value, headers
                     FROM kdg_stage""", group)

@@ -1,0 +1,1 @@
+kdg/resources/sql
