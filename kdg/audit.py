@@ -4,9 +4,9 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
-from kdg.errors import ConnectionFailed, UsageError
+from kdg.errors import ConnectionFailed, UnknownTopic
 from kdg.records import ID_HEADER
-from kdg.settings import Connection, sql_identifier
+from kdg.settings import Connection, table_name
 from kdg.sinks import parse_sink
 from kdg.sinks.dead_letters import dlq_topic
 
@@ -96,7 +96,7 @@ def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[st
 
     try:
         ends = watermarks(bootstrap, topic, extra)
-    except UsageError:  # no such topic: nothing was written to it
+    except UnknownTopic:  # nothing was written to it
         return
     consumer = reader(bootstrap, extra, group="kdg-audit")
     todo = {p for p, (low, high) in ends.items() if high > low}
@@ -136,10 +136,10 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
               group: str | None = None) -> AuditReport:
     from kdg.store.pg import Store
 
-    from kdg.kafka.clients import reader_config
+    from kdg.kafka.clients import vet_unguarded
 
     kind, out_topic = parse_sink(sink)
-    reader_config(conn.bootstrap_servers, conn.extra)  # a property the audit's readers refuse, refused up front
+    vet_unguarded(conn.bootstrap_servers, conn.extra)  # a property the audit's readers refuse, refused up front
     report = AuditReport(topic=topic, sink=sink, group=group)
     with Store(conn.pg_dsn) as store:
         _load_topic_keys(store, "kdg_audit_dead", conn, dlq_topic(topic))
@@ -147,7 +147,7 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
             _load_topic_keys(store, "kdg_audit_got", conn, out_topic)
             got = _GOT_TOPIC
         else:
-            table_sql = sql_identifier(table)
+            table_sql = table_name(table).sql
             got = _GOT_PG.format(table=table_sql)
         report.positions_of = group or (_only_group(store, topic, table_sql) if kind == "postgres" else None)
         known = _load_positions(store, conn, topic, report.positions_of)
@@ -192,7 +192,7 @@ def _kafka_committed(conn: Connection, topic: str, group: str) -> dict[int, int 
 
     try:
         partitions = topic_partitions(conn.bootstrap_servers, topic, conn.extra)
-    except UsageError:
+    except UnknownTopic:
         return {}
     consumer = reader(conn.bootstrap_servers, conn.extra, group=group)
     try:

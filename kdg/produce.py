@@ -107,8 +107,11 @@ def run_produce(req: ProduceRequest) -> ProduceReport:
     run_id = uuid.uuid4()
     report = ProduceReport(guarantee=policy.guarantee.value, topic=req.topic, run_id=str(run_id))
     txn_id = req.transactional_id or f"kdg-produce-{req.topic}"
-    producer = KdgProducer(policy, req.conn.bootstrap_servers, req.conn.extra, transactional_id=txn_id)
+    # vet the configuration first, then reach Kafka (ensure_topic answers "unreachable" in seconds), then
+    # register the transactional.id, which would otherwise wait out its own timeouts on a dead cluster
+    producer = KdgProducer(policy, req.conn.bootstrap_servers, req.conn.extra, transactional_id=txn_id, init=False)
     ensure_topic(req.conn.bootstrap_servers, req.topic, partitions=req.partitions, extra=req.conn.extra)
+    producer.init()
     store = None
     if req.ledger:
         from kdg.store.pg import Store

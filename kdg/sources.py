@@ -75,9 +75,20 @@ def validate_file(path: Path, reader) -> int:
 
 
 def synthetic(count: int, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:
-    """``count`` records of ``size`` bytes, at most ``rate`` per second when given."""
-    if count < 0 or size < 0:
-        raise UsageError("--count and --size must not be negative")
+    """``count`` records of ``size`` bytes, at most ``rate`` per second when given.
+
+    The options are checked now, not when the first record is drawn: a bad one sends nothing.
+    """
+    if count < 1:
+        raise UsageError(f"--count {count}: must be at least 1")
+    if size < 0:
+        raise UsageError(f"--size {size}: must not be negative")
+    if rate is not None and not rate > 0:
+        raise UsageError(f"--rate {rate:g}: must be more than 0 records per second")
+    return _synthetic(count, size, rate, opts)
+
+
+def _synthetic(count: int, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:
     payload = os.urandom(max(size, 1) // 2 + 1).hex()[:size].encode()
     start = time.monotonic()
     for seq in range(count):

@@ -80,6 +80,8 @@ def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], 
         raise UsageError("--sink must be postgres or kafka")
     if messages < 100:
         raise UsageError("--messages must be at least 100, so a batch can die mid-run")
+    if repeat < 1:
+        raise UsageError(f"--repeat {repeat}: must be at least 1")
     results = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
                "messages": messages, "repeat": repeat, "sink": sink, "complete": False, "cells": []}
     started = time.monotonic()

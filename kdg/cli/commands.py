@@ -20,6 +20,13 @@ def _conn(bootstrap, pg_dsn, props):
     return connection(bootstrap, pg_dsn, props)
 
 
+def _check_min(*checks: tuple[str, "int | float | None", int]) -> None:
+    """Each ``(option, value, minimum)``: a value below its minimum is a usage error naming the option."""
+    for option, value, minimum in checks:
+        if value is not None and value < minimum:
+            raise UsageError(f"{option} {value:g}: must be at least {minimum}")
+
+
 def _progress(label: str, total: int | None, enabled: bool):
     """A rich progress bar on stderr, or a no-op for --json and pipes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -88,11 +95,15 @@ def produce(
     """Send records under a delivery guarantee; each carries an idempotency key (header kdg-id)."""
     from kdg import sources
     from kdg.produce import ProduceRequest, run_produce
+    from kdg.records import id_maker
 
     opts = sources.LineOptions(key=key, key_delimiter=key_delimiter, headers=sources.parse_headers(header or []),
                                partition=partition)
     if fmt not in ("text", "json"):
         raise UsageError("--format must be text or json")
+    _check_min(("-p", partition, 0), ("--txn-size", txn_size, 1), ("--txn-interval-ms", txn_interval_ms, 0),
+               ("--partitions", partitions, 1))
+    id_maker(id_template)  # a bad --id template is refused before the topic is created
     if count is not None:
         records = sources.synthetic(count, size, rate, opts)
     else:
@@ -120,7 +131,7 @@ def consume(
     group: Annotated[str, typer.Option("--group", "-G", help="Consumer group id.")],
     guarantee: GuaranteeOpt = "at-least-once",
     sink: Annotated[str, typer.Option(help="postgres | kafka:OUT_TOPIC | stdout.")] = "postgres",
-    table: Annotated[str, typer.Option(help="Postgres sink table (created like kdg_events).")] = "kdg_events",
+    table: Annotated[str, typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (created like kdg_events; the schema must exist).")] = "kdg_events",
     fmt: Annotated[str, typer.Option("--format", help="stdout sink: text or json envelope lines.")] = "text",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD, "
                        "or offset (topic/partition/offset: exact for re-reads, blind to producer duplicates).")] = None,
@@ -137,10 +148,17 @@ def consume(
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
 ) -> None:
     """Read a topic in a group and write a sink; offsets commit where the guarantee says."""
-    from kdg.consume import ConsumeRequest, run_consume
+    from kdg.consume import ConsumeRequest, load_handler, run_consume
+    from kdg.settings import table_name
 
     if fmt not in ("text", "json"):
         raise UsageError("--format must be text or json")
+    if not group.strip():
+        raise UsageError("--group must not be empty")
+    _check_min(("-c", count, 1), ("--batch-size", batch_size, 1), ("--idle-timeout", idle_timeout, 0),
+               ("--max-bytes", max_bytes, 0))
+    table_name(table)  # NAME or SCHEMA.NAME, refused before anything is read
+    load_handler(handler)  # a handler that cannot be imported is refused before anything is read
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
     req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props),
                          sink=sink, table=table, fmt=fmt, id_from=id_from, count=count, exit_at_end=exit_at_end,
@@ -163,7 +181,7 @@ def spark_replay(
     start: Annotated[str, typer.Option("--from", help="earliest | latest | stored | P:OFFSET,… | "
                      "@2026-11-22T10:00:00 (UTC) | @MILLIS.")] = "earliest",
     end: Annotated[str, typer.Option("--to", help="Exclusive end, same forms as --from.")] = "latest",
-    table: Annotated[str, typer.Option(help="Postgres sink table (created like kdg_events).")] = "kdg_events",
+    table: Annotated[str, typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (created like kdg_events; the schema must exist).")] = "kdg_events",
     master: Annotated[str, typer.Option(help="Spark master: local[*], spark://…, yarn, k8s://….")] = "local[*]",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD "
                        "or offset.")] = None,
@@ -194,7 +212,7 @@ def spark_replay(
                         start=start, end=end, table=table, master=master, id_from=id_from, chunk_rows=chunk_rows,
                         spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"), on_range=show_range,
                         progress=lambda done, total, failed: tasks_done(done, total),
-                        echo=lambda text: err_console.print(text))
+                        echo=lambda text: err_console.print(text, soft_wrap=True, markup=False))
     report = _run_with_bar(bar, run_spark_replay, req)
     if as_json:
         print_json(report)
@@ -209,7 +227,7 @@ def audit(
     group: Annotated[Optional[str], typer.Option("--group", "-G", help="Only rows this group wrote; its stored "
                      "positions tell lost from pending [default: the one group that consumed the topic].")] = None,
     sink: Annotated[str, typer.Option(help="postgres, or kafka:OUT_TOPIC to read the output topic.")] = "postgres",
-    table: Annotated[str, typer.Option(help="Postgres sink table.")] = "kdg_events",
+    table: Annotated[str, typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME.")] = "kdg_events",
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
 ) -> None:
     """Count lost, duplicated, unexpected and pending records: the producer ledger against the sink.
@@ -218,7 +236,9 @@ def audit(
     duplicated or unexpected, 5 when Kafka or Postgres could not be read.
     """
     from kdg.audit import run_audit
+    from kdg.settings import table_name
 
+    table_name(table)  # NAME or SCHEMA.NAME, refused before anything is read
     report = run_audit(topic, _conn(bootstrap, pg_dsn, props), sink=sink, table=table, group=group)
     if as_json:
         print_json(report)

@@ -5,7 +5,7 @@ import time
 from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
-from kdg.errors import ConnectionFailed, DeliveryError, UsageError
+from kdg.errors import ConnectionFailed, DeliveryError, UnknownTopic
 from kdg.kafka.clients import admin_client, reader
 
 
@@ -33,7 +33,7 @@ def topic_partitions(bootstrap: str, topic: str, extra: dict | None = None, time
         raise ConnectionFailed(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
     t = md.topics.get(topic)
     if t is None or t.error is not None:
-        raise UsageError(f"topic {topic!r} does not exist")
+        raise UnknownTopic(f"topic {topic!r} does not exist")
     return sorted(t.partitions)
 
 

@@ -119,6 +119,21 @@ def reader_config(bootstrap: str, props: dict[str, str] | None = None, *, group:
     return client_config(Role.READER, bootstrap, props, None, **{"group.id": group, "isolation.level": isolation})
 
 
+def vet_unguarded(bootstrap: str, props: dict[str, str]) -> None:
+    """For a command with no guarantee of its own (the audit), which reads with :func:`reader` only.
+
+    A property kdg owns is refused unless it is what the reader fixes anyway (``acks`` or
+    ``transactional.id`` mean nothing to a reader, and silently dropping them would hide a typo of
+    intent); a bad value is refused by building the reader once, before anything is read.
+    """
+    config = reader_config(bootstrap, props)
+    try:
+        merge_overrides(config, {k: v for k, v in props.items() if k in OWNED})
+    except PolicyViolation as exc:
+        raise PolicyViolation(f"{exc} [{Role.READER.value}: this command has no guarantee to weaken or set]") from None
+    new_consumer(config, Role.READER).close()
+
+
 def probe_producer(bootstrap: str, **config: object) -> Producer:
     """A producer with exactly the settings a chaos experiment chose (acks=1 is the point of some)."""
     return new_producer(client_config(Role.PROBE, bootstrap, None, None, **config), Role.PROBE)

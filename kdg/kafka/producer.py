@@ -1,5 +1,7 @@
 """The one module that owns confluent-kafka's Producer: config from the policy, sends, transactions, errors."""
 
+import time
+
 from confluent_kafka import KafkaError, KafkaException
 
 from kdg.errors import DeliveryError, TransactionAborted, UsageError
@@ -29,14 +31,20 @@ class KdgProducer:
     """
 
     def __init__(self, policy: DeliveryPolicy, bootstrap: str, extra: dict | None = None,
-                 transactional_id: str | None = None, role: Role = Role.PRODUCER):
+                 transactional_id: str | None = None, role: Role = Role.PRODUCER, init: bool = True):
+        """``init=False`` builds (and so vets) the producer but leaves ``init_transactions`` to :meth:`init`."""
         self.policy = policy
         self.transactional = policy.transactional and role is Role.PRODUCER
         self.config = producer_config(policy, bootstrap, extra or {}, transactional_id, role)
         self._producer = new_producer(self.config, role)
         self.in_transaction = False
+        if init:
+            self.init()
+
+    def init(self) -> None:
+        """Register the transactional.id with its coordinator, fencing any older producer that had it."""
         if self.transactional:
-            self._call("init_transactions", 60)
+            self._call("init_transactions", timeout=60)
 
     def send(self, topic: str, value, key=None, headers=None, partition: int | None = None, on_delivery=None) -> None:
         produce = self._producer.produce
@@ -74,24 +82,34 @@ class KdgProducer:
 
     def send_offsets(self, offsets, group_metadata) -> None:
         self._require_transactional()
-        self._call("send_offsets_to_transaction", offsets, group_metadata, 60)
+        self._call("send_offsets_to_transaction", offsets, group_metadata, timeout=60)
 
     def commit(self) -> None:
         self._require_transactional()
-        self._call("commit_transaction", 60)
+        self._call("commit_transaction", timeout=60)
         self.in_transaction = False
 
     def abort(self) -> None:
         self._require_transactional()
         if self.in_transaction:
-            self._call("abort_transaction", 60)
+            self._call("abort_transaction", timeout=60)
             self.in_transaction = False
 
-    def _call(self, name: str, *args):
-        """Call a transactional API; retry retriable errors, raise TransactionAborted or DeliveryError."""
-        for _ in range(20):
+    def _call(self, name: str, *args, timeout: float | None = None, give_up_after: float = 300):
+        """Call a transactional API; retry retriable errors for ``give_up_after`` seconds in all, then raise
+        DeliveryError; raise TransactionAborted when the transaction must be aborted. ``timeout`` is the
+        API's own per-call timeout, trimmed to what is left."""
+        deadline = time.monotonic() + give_up_after
+        last = None
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise DeliveryError(f"{name} kept failing with retriable errors for {give_up_after:.0f} s: "
+                                    f"{last.str() if last else 'no answer'}")
             try:
-                return getattr(self._producer, name)(*args)
+                if timeout is None:
+                    return getattr(self._producer, name)(*args)
+                return getattr(self._producer, name)(*args, max(1.0, min(timeout, left)))
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 if err.fatal():
@@ -99,7 +117,6 @@ class KdgProducer:
                                         "(another producer with this transactional.id may have fenced this one)") from exc
                 if err.txn_requires_abort():
                     raise TransactionAborted(f"{name}: {err.str()}") from exc
-                if err.retriable():
-                    continue
-                raise DeliveryError(f"{name} failed: {err.name()}: {err.str()}") from exc
-        raise DeliveryError(f"{name} kept failing with retriable errors")
+                if not err.retriable():
+                    raise DeliveryError(f"{name} failed: {err.name()}: {err.str()}") from exc
+                last = err

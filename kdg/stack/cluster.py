@@ -4,7 +4,7 @@ import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kdg.errors import StackError
+from kdg.errors import StackError, UsageError
 from kdg.stack import kafka_node, postgres, procs
 from kdg.stack.jars import ensure_kafka_jars, java_classpath, kafka_version, require_java
 from kdg.stack.layout import HOST, StackLayout
@@ -72,7 +72,7 @@ def resolve_layout(state_dir: Path, *, brokers: int | None = None, broker_port: 
 def up(layout: StackLayout, echo=print) -> StackStatus:
     """Start every part of the stack that is not running; idempotent."""
     if not 1 <= layout.brokers <= 9:
-        raise StackError("--brokers must be between 1 and 9")
+        raise UsageError(f"--brokers {layout.brokers}: must be between 1 and 9")
     require_java()
     ensure_kafka_jars(echo)
     layout.save()
@@ -109,6 +109,9 @@ def start_node(layout: StackLayout, node: int) -> None:
 
 
 def kill_node(layout: StackLayout, node: int, *, hard: bool = True) -> bool:
+    """Stop broker ``node``; True if it was running. A node this stack does not have is a usage error."""
+    if node not in layout.node_ids:
+        raise UsageError(f"broker {node}: this stack's brokers are {', '.join(map(str, layout.node_ids))}")
     return kafka_node.stop(layout, node, hard=hard)
 
 
