@@ -63,10 +63,10 @@ def _spark():
         f"PySpark {pyspark_version()}; its Kafka connector is not fetched yet: `kdg stack fetch`"
 
 
-def _brokers(bootstrap: str, expected: int | None):
+def _brokers(bootstrap: str, expected: int | None, props: dict[str, str]):
     from kdg.kafka.admin import admin_client
 
-    md = admin_client(bootstrap).list_topics(timeout=5)
+    md = admin_client(bootstrap, props).list_topics(timeout=5)
     ids = sorted(md.brokers)
     ok = expected is None or len(ids) >= expected
     return ok, f"{len(ids)} broker(s) registered: {ids}" + ("" if ok else f", expected {expected}"), ids
@@ -79,12 +79,12 @@ def _quorum(layout):
     return leader is not None, f"leader is node {leader}" if leader is not None else "no quorum leader answered"
 
 
-def _eos_settings(bootstrap: str, broker_id: int, brokers: int):
+def _eos_settings(bootstrap: str, broker_id: int, brokers: int, props: dict[str, str]):
     from kdg.kafka.admin import describe_broker_config
 
     names = ["transaction.state.log.replication.factor", "transaction.state.log.min.isr", "min.insync.replicas",
              "default.replication.factor", "unclean.leader.election.enable", "offsets.topic.replication.factor"]
-    cfg = describe_broker_config(bootstrap, broker_id, names)
+    cfg = describe_broker_config(bootstrap, broker_id, names, props)
     want_rf, want_isr = min(3, brokers), (1 if brokers == 1 else 2)
     problems = []
     for name, minimum in (("transaction.state.log.replication.factor", want_rf),
@@ -111,19 +111,20 @@ def _postgres(dsn: str, on_stack: bool):
     return True, f"reachable at {status.dsn}", status.pending
 
 
-def run_doctor(bootstrap: str | None, pg_dsn: str | None, state_dir: Path | None) -> DoctorReport:
+def run_doctor(bootstrap: str | None, pg_dsn: str | None, state_dir: Path | None,
+               properties: list[str] | None = None, profile: Path | None = None) -> DoctorReport:
     report = DoctorReport()
-    conn = connection(bootstrap, pg_dsn, [], state_dir)
+    conn = connection(bootstrap, pg_dsn, properties, state_dir, profile=profile)
     local = bootstrap is None
     layout = local_layout(state_dir)
     _check(report, "java", _java)
     _check(report, "kafka jars", _jars)
     _check(report, "spark", _spark)
-    ids = _check(report, "brokers", lambda: _brokers(conn.bootstrap_servers, layout.brokers if local else None))
+    ids = _check(report, "brokers", lambda: _brokers(conn.bootstrap_servers, layout.brokers if local else None, conn.extra))
     if local:
         _check(report, "controller quorum", lambda: _quorum(layout))
     if ids:
-        _check(report, "exactly-once settings", lambda: _eos_settings(conn.bootstrap_servers, ids[0], len(ids)))
+        _check(report, "exactly-once settings", lambda: _eos_settings(conn.bootstrap_servers, ids[0], len(ids), conn.extra))
     on_stack = conn.pg_dsn == layout.pg_dsn and layout.uses_embedded_pg
     pending = _check(report, "postgres", lambda: _postgres(conn.pg_dsn, on_stack))
     if pending is not None:  # the local stack's `up` migrates its own Postgres; any other needs `kdg db migrate`

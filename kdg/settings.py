@@ -8,10 +8,10 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kdg.errors import UsageError
 from kdg.paths import default_state_dir
+from kdg.profile import is_secret, merged_properties
 from kdg.stack.layout import StackLayout
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
-_SECRET_WORDS = ("password", "secret", "sasl.password", "ssl.key.password", "token")
 
 
 @dataclass(frozen=True)
@@ -29,8 +29,12 @@ def local_layout(state_dir: Path | None = None) -> StackLayout:
 
 
 def connection(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
-               properties: list[str] | None = None, state_dir: Path | None = None) -> Connection:
+               properties: list[str] | None = None, state_dir: Path | None = None,
+               profile: Path | None = None) -> Connection:
     """Explicit values win, then ``KDG_*`` variables (Typer fills those), then the local stack.
+
+    Kafka properties: the profile file (``-F``, else ``KDG_KAFKA_CONFIG``), then ``-X`` on top,
+    secret references resolved (:mod:`kdg.profile`).
 
     A DSN asyncpg could not parse (not a ``postgresql://`` URL, a port that is no number) is a
     usage error naming it without its password.
@@ -50,7 +54,7 @@ def connection(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
     return Connection(
         bootstrap_servers=bootstrap_servers or layout.bootstrap_servers,
         pg_dsn=dsn,
-        extra=parse_properties(properties or []),
+        extra=merged_properties(profile, parse_properties(properties or [])),
     )
 
 
@@ -78,7 +82,7 @@ def redact_dsn(dsn: str) -> str:
 
 
 def redact_properties(props: dict[str, str]) -> dict[str, str]:
-    return {k: ("***" if any(w in k.lower() for w in _SECRET_WORDS) else v) for k, v in props.items()}
+    return {k: ("***" if is_secret(k) else v) for k, v in props.items()}
 
 
 def sql_identifier(name: str, what: str = "table") -> str:

@@ -6,7 +6,7 @@ from typing import Annotated, Optional
 import typer
 
 from kdg.cli import app
-from kdg.cli.options import Bootstrap, Json, PgDsn, Properties
+from kdg.cli.options import Bootstrap, Json, PgDsn, Profile, Properties
 from kdg.cli.render import console, err_console, key_value_table, print_json
 from kdg.errors import CheckFailed, UsageError
 
@@ -14,10 +14,10 @@ GuaranteeOpt = Annotated[str, typer.Option(
     "--guarantee", "-g", help="at-most-once | at-least-once | exactly-once (see `kdg policy`).")]
 
 
-def _conn(bootstrap, pg_dsn, props):
+def _conn(bootstrap, pg_dsn, props, profile):
     from kdg.settings import connection
 
-    return connection(bootstrap, pg_dsn, props)
+    return connection(bootstrap, pg_dsn, props, profile=profile)
 
 
 def _check_min(*checks: tuple[str, "int | float | None", int]) -> None:
@@ -90,7 +90,8 @@ def produce(
     transactional_id: Annotated[Optional[str], typer.Option(help="exactly-once: stable transactional.id [default: kdg-produce-TOPIC].")] = None,
     no_ledger: Annotated[bool, typer.Option("--no-ledger", help="Keep no ledger in Postgres (throughput runs; audit cannot count losses).")] = False,
     partitions: Annotated[int, typer.Option(help="Partitions if the topic is created.")] = 3,
-    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
+    as_json: Json = False,
 ) -> None:
     """Send records under a delivery guarantee; each carries an idempotency key (header kdg-id)."""
     from kdg import sources
@@ -112,7 +113,7 @@ def produce(
             sources.validate_file(file, reader)  # a bad line is reported before anything is sent
         records = reader(file, opts)
     bar, progress = _progress(f"producing to {topic}", count, not as_json)
-    req = ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=_conn(bootstrap, pg_dsn, props),
+    req = ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=_conn(bootstrap, pg_dsn, props, profile),
                          ledger=not no_ledger, id_template=id_template, txn_size=txn_size,
                          txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
                          partitions=partitions, progress=progress)
@@ -145,7 +146,8 @@ def consume(
     handler: Annotated[Optional[str], typer.Option(help="module:function called with each batch (and the open "
                        "Postgres connection, inside the transaction).")] = None,
     transactional_id: Annotated[Optional[str], typer.Option(help="kafka sink, exactly-once: transactional.id.")] = None,
-    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
+    as_json: Json = False,
 ) -> None:
     """Read a topic in a group and write a sink; offsets commit where the guarantee says."""
     from kdg.consume import ConsumeRequest, load_handler, run_consume
@@ -160,7 +162,7 @@ def consume(
     table_name(table)  # NAME or SCHEMA.NAME, refused before anything is read
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
-    req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props),
+    req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
                          sink=sink, table=table, fmt=fmt, id_from=id_from, count=count, exit_at_end=exit_at_end,
                          idle_timeout=idle_timeout, start=offset, batch_size=batch_size, max_bytes=max_bytes,
                          handler=handler, transactional_id=transactional_id, progress=progress)
@@ -188,7 +190,8 @@ def spark_replay(
     chunk_rows: Annotated[int, typer.Option(help="Rows per Postgres transaction in a Spark task.")] = 20_000,
     spark_conf: Annotated[Optional[list[str]], typer.Option("--conf", help="Spark property key=value "
                           "(repeatable).")] = None,
-    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
+    as_json: Json = False,
 ) -> None:
     """Replay a Kafka range into Postgres with Spark; exactly-once adds each idempotency key once, however often it runs."""
     from rich.table import Table
@@ -208,7 +211,7 @@ def spark_replay(
         err_console.print(shown)
 
     bar, tasks_done = _progress("spark tasks", None, not as_json)
-    req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props), group=group,
+    req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile), group=group,
                         start=start, end=end, table=table, master=master, id_from=id_from, chunk_rows=chunk_rows,
                         spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"), on_range=show_range,
                         progress=lambda done, total, failed: tasks_done(done, total),
@@ -228,7 +231,8 @@ def audit(
                      "positions tell lost from pending [default: the one group that consumed the topic].")] = None,
     sink: Annotated[str, typer.Option(help="postgres, or kafka:OUT_TOPIC to read the output topic.")] = "postgres",
     table: Annotated[str, typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME.")] = "kdg_events",
-    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, as_json: Json = False,
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
+    as_json: Json = False,
 ) -> None:
     """Count lost, duplicated, unexpected and pending records: the producer ledger against the sink.
 
@@ -239,7 +243,7 @@ def audit(
     from kdg.settings import table_name
 
     table_name(table)  # NAME or SCHEMA.NAME, refused before anything is read
-    report = run_audit(topic, _conn(bootstrap, pg_dsn, props), sink=sink, table=table, group=group)
+    report = run_audit(topic, _conn(bootstrap, pg_dsn, props, profile), sink=sink, table=table, group=group)
     if as_json:
         print_json(report)
     else:
@@ -256,14 +260,15 @@ def audit(
 @app.command()
 def doctor(
     state_dir: Annotated[Optional[Path], typer.Option("--state-dir", envvar="KDG_STATE_DIR")] = None,
-    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, as_json: Json = False,
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
+    as_json: Json = False,
 ) -> None:
     """Check Java, the jars, brokers, the controller quorum, Postgres and the settings exactly-once needs."""
     from rich.table import Table
 
     from kdg.doctor import run_doctor
 
-    report = run_doctor(bootstrap, pg_dsn, state_dir)
+    report = run_doctor(bootstrap, pg_dsn, state_dir, props, profile)
     if as_json:
         print_json(report)
     else:

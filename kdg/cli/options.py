@@ -13,6 +13,10 @@ PgDsn = Annotated[Optional[str], typer.Option(
     help="PostgreSQL DSN [default: the local stack's]. Never printed with its password.")]
 Properties = Annotated[Optional[list[str]], typer.Option(
     "-X", help="librdkafka property key=value (repeatable); refused if it weakens the guarantee.")]
+Profile = Annotated[Optional[Path], typer.Option(
+    "-F", "--config-file", envvar="KDG_KAFKA_CONFIG", show_envvar=True,
+    help="librdkafka properties file (key=value lines, # comments), kcat-style; -X wins over it. "
+         "Values may be ${env:NAME} or @FILE.")]
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 StateDir = Annotated[Optional[Path], typer.Option(
     "--state-dir", envvar="KDG_STATE_DIR", help="Where the local stack keeps data, logs and pids.")]

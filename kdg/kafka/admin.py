@@ -82,8 +82,9 @@ def describe_topic(bootstrap: str, topic: str) -> dict:
     }
 
 
-def describe_broker_config(bootstrap: str, broker_id: int, names: list[str]) -> dict[str, str]:
-    admin = admin_client(bootstrap)
+def describe_broker_config(bootstrap: str, broker_id: int, names: list[str],
+                           extra: dict | None = None) -> dict[str, str]:
+    admin = admin_client(bootstrap, extra)
     res = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
     configs = admin.describe_configs([res])[res].result(15)
     return {n: configs[n].value for n in names if n in configs}

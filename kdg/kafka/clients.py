@@ -23,6 +23,7 @@ from kdg.errors import PolicyViolation, UsageError
 from kdg.guarantees import OWNED, DeliveryPolicy, merge_overrides
 from kdg.kafka.logs import client_log_config
 from kdg.kafka.scopes import ALIASES, applies
+from kdg.profile import redact
 
 
 class Role(str, Enum):
@@ -146,6 +147,10 @@ def spark_source_options(bootstrap: str, props: dict[str, str] | None, policy: D
     travels; a user property that would weaken it is refused like anywhere else.
     """
     config = client_config(Role.SPARK_SOURCE, bootstrap, props, policy)
+    untranslated = sorted(k for k, v in config.items() if _is_security(k, v))
+    if untranslated:  # librdkafka's names mean nothing to Java's client: the job would hang, not fail
+        raise UsageError(f"spark-replay cannot pass {', '.join(untranslated)} to Spark's Java Kafka client yet; "
+                         "only plaintext clusters are supported by spark-replay for now")
     kept = {k: v for k, v in config.items()
             if k not in _SPARK_OWNS}
     return {f"kafka.{k}": _java_value(v) for k, v in kept.items()}
@@ -153,6 +158,12 @@ def spark_source_options(bootstrap: str, props: dict[str, str] | None, policy: D
 
 # Spark's source commits nothing and seeks itself: it refuses these, or they mean nothing to it
 _SPARK_OWNS = {"logger", "log_level", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset"}
+
+
+def _is_security(key: str, value: object) -> bool:
+    if key == "security.protocol":
+        return str(value).lower() != "plaintext"
+    return key.startswith(("sasl.", "ssl.", "ssl_"))
 
 
 def _java_value(value: object) -> str:
@@ -163,7 +174,8 @@ def _create(kind, config: dict[str, object], role: Role):
     try:
         return kind(config)
     except (KafkaException, ValueError, TypeError) as exc:
-        raise UsageError(f"invalid {role.value} configuration: {_explain(exc, config)}") from None
+        shown = redact(_explain(exc, config), {k: str(v) for k, v in config.items()})  # never a password
+        raise UsageError(f"invalid {role.value} configuration: {shown}") from None
 
 
 def _explain(exc: Exception, config: dict[str, object]) -> str:
