@@ -96,7 +96,7 @@ def parse_source(spec: str, what: str = "source") -> Source:
         if kind in ("json", "key"):
             path, pointer = (parse_pointer(arg, spec), True) if arg.startswith("/") else ((arg,), False)
             return Source("value" if kind == "json" else "key", path=path, pointer=pointer, spec=text)
-    raise UsageError(f"unknown {what} {spec!r}: use {GRAMMAR}")
+    raise UsageError(f"unknown {what} {text!r}: use {GRAMMAR}")
 
 
 def parse_pointer(pointer: str, spec: str = "") -> tuple[str, ...]:

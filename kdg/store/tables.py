@@ -12,13 +12,13 @@ from kdg.mapping.spec import Mapping, with_key
 
 _COLUMNS = """SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull AS not_null,
                      a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS defaulted
-              FROM pg_attribute a WHERE a.attrelid = $1::regclass AND a.attnum > 0 AND NOT a.attisdropped
+              FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
               ORDER BY a.attnum"""
 # unique indexes ON CONFLICT can use: no predicate, no expressions; key columns only (INCLUDE ones left out)
 _UNIQUE = """SELECT i.indisprimary AS is_primary, array_agg(a.attname::text ORDER BY k.n) AS columns
              FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
              JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
-             WHERE i.indrelid = $1::regclass AND i.indisunique AND i.indisvalid AND i.indpred IS NULL
+             WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indisvalid AND i.indpred IS NULL
                AND i.indexprs IS NULL AND k.n <= i.indnkeyatts
              GROUP BY i.indexrelid, i.indisprimary"""
 
