@@ -404,3 +404,37 @@ def test_a_bad_mapping_is_refused_before_anything_is_consumed(kdg, conn, topic, 
         assert store.fetchval("SELECT count(*) FROM kdg_offsets WHERE consumer_group = $1", group) == 0
     # nor did Kafka move: the group reads all 5 records from the start
     assert consume(kdg, topic, group, "at-least-once", "--table", table, *column_flags())["consumed"] == 5
+
+
+# -- spark-replay: the same mapping, the same store method, in Spark's executors ------------------
+
+def test_spark_replay_after_a_partial_consume_writes_each_key_once(kdg, conn, topic, group, table, tmp_path):
+    create(conn, INSERT_TABLE, table)  # insert: a second write of any record would show as a second row
+    bad = {41: "-3.00", 222: '"n/a"'}
+    produce(kdg, topic, tmp_path, [envelope(str(i), order_json(i, v, bad.get(i) if v == 2 else None))
+                                   for v in (1, 2) for i in range(300)])
+    path = mapping_file(tmp_path, table)
+    assert consume(kdg, topic, group, "exactly-once", "--mapping", path, "-c", 250)["consumed"] == 250
+
+    replay = as_json(kdg("spark-replay", topic, "-g", "exactly-once", "--mapping", path, "--json", timeout=600))
+    assert (replay["table"], replay["rows_read"], replay["duplicates_dropped"]) == (table, 600, 250), replay
+    assert replay["rows_written"] + replay["dead_lettered"] == 350, replay  # the refused ones may be either side's
+    with Store(conn.pg_dsn) as store:
+        total, keys = store.fetch(f"SELECT count(*), count(DISTINCT idempotency_key) FROM {table}")[0]
+    assert (total, keys) == (598, 598)
+    found = rows(conn, table)
+    assert [{k: v for k, v in r.items() if k != "idempotency_key"} for r in found] == [
+        expected_row(i, v) for i in range(300) for v in (1, 2) if not (v == 2 and i in bad)]
+    assert sorted({int(json.loads(d["value"])["id"]) for d in dead_letters(kdg, topic)}) == sorted(bad)
+    audit = audited(kdg, topic, "--table", table, "-G", group)
+    assert (audit["basis"], audit["processed_unique"], audit["dead_lettered"], audit["lost"], audit["duplicates"]) == (
+        "kdg_dedup claims", 600, 2, 0, 0), audit
+
+    # the same file with --table and --mode on top: an upsert table ends with each order's last good version
+    latest = f"{table}_latest"
+    create(conn, UPSERT_TABLE, latest)
+    again = as_json(kdg("spark-replay", topic, "-g", "at-least-once", "--mapping", path, "--table", latest,
+                        "--mode", "upsert", "--json", timeout=600))
+    assert (again["rows_read"], again["dead_lettered"]) == (600, 2), again
+    assert [(r["order_id"], r["version"]) for r in rows(conn, latest)] == [
+        (i, 1 if i in bad else 2) for i in range(300)]

@@ -196,7 +196,10 @@ def spark_replay(
     start: Annotated[str, typer.Option("--from", help="earliest | latest | stored | P:OFFSET,… | "
                      "@2026-11-22T10:00:00 (UTC) | @MILLIS.")] = "earliest",
     end: Annotated[str, typer.Option("--to", help="Exclusive end, same forms as --from.")] = "latest",
-    table: Annotated[str, typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (created like kdg_events; the schema must exist).")] = "kdg_events",
+    table: Annotated[Optional[str], typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME [default: "
+                     "kdg_events; created like it, the schema must exist]. With --column or --mapping: your table.")] = None,
+    column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
+    on_tombstone: OnTombstone = None,
     master: Annotated[str, typer.Option(help="Spark master: local[*], spark://…, yarn, k8s://….")] = "local[*]",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD "
                        "or offset.")] = None,
@@ -208,6 +211,7 @@ def spark_replay(
     """Replay a Kafka range into Postgres with Spark; exactly-once adds each idempotency key once, however often it runs."""
     from rich.table import Table
 
+    from kdg.mapping import build_mapping
     from kdg.replay import ReplayRequest, run_spark_replay
     from kdg.settings import parse_properties
 
@@ -222,9 +226,11 @@ def spark_replay(
             shown.add_row(str(p), str(s), str(e), str(e - s))
         err_console.print(shown)
 
+    typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
+                          create_table=create_table)
     bar, tasks_done = _progress("spark tasks", None, not as_json)
     req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props), group=group,
-                        start=start, end=end, table=table, master=master, id_from=id_from, chunk_rows=chunk_rows,
+                        start=start, end=end, table=table or "kdg_events", mapping=typed, master=master, id_from=id_from, chunk_rows=chunk_rows,
                         spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"), on_range=show_range,
                         progress=lambda done, total, failed: tasks_done(done, total),
                         echo=lambda text: err_console.print(text, soft_wrap=True, markup=False))
