@@ -4,7 +4,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
-from kdg.errors import ConnectionFailed, UnknownTopic
+from kdg.errors import ConnectionFailed, UnknownTopic, UsageError
 from kdg.records import ID_HEADER
 from kdg.settings import Connection, table_name
 from kdg.sinks import parse_sink
@@ -29,6 +29,8 @@ class AuditReport:
     duplicates: int = 0         # rows beyond the first per key
     unexpected: int = 0         # keys in the sink the ledger never acked
     positions_of: str | None = None  # the group whose stored positions tell lost from pending (None: all is lost)
+    basis: str = "sink rows"    # what the sink's keys were counted from
+    note: str | None = None     # what that basis can and cannot tell
     pending_by_partition: dict = field(default_factory=dict)
     examples: dict = field(default_factory=dict)
 
@@ -62,6 +64,17 @@ FROM led FULL JOIN got USING (idempotency_key) LEFT JOIN dead USING (idempotency
 _GOT_PG = """SELECT idempotency_key, count(*) AS n FROM {table}
              WHERE topic = $1 AND ($3::text IS NULL OR consumer_group = $3) GROUP BY idempotency_key"""
 _GOT_TOPIC = "SELECT idempotency_key, count(*) AS n FROM kdg_audit_got GROUP BY idempotency_key"
+# a user's table (a typed sink): exactly-once claims, else the table's own idempotency_key column
+_GOT_CLAIMS = """SELECT idempotency_key, count(*) AS n FROM kdg_dedup WHERE sink_table = $3 AND topic = $1
+                 GROUP BY idempotency_key"""
+_GOT_KEYED = "SELECT idempotency_key::text, count(*) AS n FROM {table} WHERE {where} GROUP BY idempotency_key"
+_KDG_SHAPE = {"idempotency_key", "consumer_group", "topic"}
+CLAIMS_NOTE = ("counted from kdg_dedup: exactly-once claims every key it handled (written, replaced by a later "
+               "version, deleted or refused); writes under weaker guarantees leave no claims, and at-least-once "
+               "upserts cannot be told apart")
+KEYED_NOTE = ("counted from the table's idempotency_key column: an upsert keeps only the latest version of each "
+              "row, so the versions it replaced count as lost and at-least-once upserts cannot be told apart; "
+              "audit upsert tables written under exactly-once (kdg_dedup claims)")
 
 # One definition of each discrepancy, for the counts and for the example keys alike.
 _EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq AND passed", "pending": "ok AND n IS NULL AND NOT dlq AND NOT passed",
@@ -146,13 +159,14 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
         if kind == "kafka":
             _load_topic_keys(store, "kdg_audit_got", conn, out_topic)
             got = _GOT_TOPIC
+            report.basis, got_args, kdg_shaped = "output topic", [], False
         else:
-            table_sql = table_name(table).sql
-            got = _GOT_PG.format(table=table_sql)
-        report.positions_of = group or (_only_group(store, topic, table_sql) if kind == "postgres" else None)
+            got, got_args, kdg_shaped = _sink_keys(store, table_name(table), topic, group, report)
+        report.positions_of = group or (_only_group(store, topic, table_name(table).sql, kdg_shaped)
+                                        if kind == "postgres" else None)
         known = _load_positions(store, conn, topic, report.positions_of)
         store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int)")
-        store.execute(_JOIN.format(got=got), topic, known, *([group] if kind == "postgres" else []))
+        store.execute(_JOIN.format(got=got), topic, known, *got_args)
         for name, value in store.fetch(_TOTALS)[0].items():
             setattr(report, name, value)
         report.pending_by_partition = {r["p"]: r["n"] for r in store.fetch(
@@ -162,11 +176,36 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
     return report
 
 
-def _only_group(store, topic: str, table: str) -> str | None:
+def _sink_keys(store, table, topic: str, group: str | None, report: AuditReport) -> tuple[str, list, bool]:
+    """How to count the sink's keys: (SQL, its extra arguments, whether the table is shaped like kdg_events).
+
+    A user's table (a typed sink) is counted from exactly-once claims in ``kdg_dedup`` when there are
+    any, else from its own ``idempotency_key`` column; with neither, it cannot be audited.
+    """
+    columns = {r["attname"] for r in store.fetch(
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+        table.sql)}
+    if not columns or _KDG_SHAPE <= columns:  # kdg's shape (or no table: Postgres says so)
+        return _GOT_PG.format(table=table.sql), [group], True
+    if store.fetchval("SELECT EXISTS (SELECT 1 FROM kdg_dedup WHERE sink_table = $1 AND topic = $2)",
+                      table.text, topic):
+        report.basis, report.note = "kdg_dedup claims", CLAIMS_NOTE
+        return _GOT_CLAIMS, [table.text], False
+    if "idempotency_key" in columns:
+        report.basis, report.note = "idempotency_key column", KEYED_NOTE
+        return _GOT_KEYED.format(table=table.sql, where="topic = $1" if "topic" in columns else "true"), [], False
+    raise UsageError(f"cannot audit {table.text}: it has no idempotency_key column, and kdg_dedup holds no "
+                     f"exactly-once claims for it and topic {topic!r}; at-least-once upserts cannot be told apart. "
+                     "Map a column 'idempotency_key text = idempotency_key' to audit it")
+
+
+def _only_group(store, topic: str, table: str, kdg_shaped: bool = True) -> str | None:
     """The one group that consumed ``topic`` into the sink (or keeps offsets for it); None if several or none."""
     groups = {r["g"] for r in store.fetch(
         "SELECT DISTINCT consumer_group AS g FROM kdg_offsets WHERE topic = $1 AND next_offset IS NOT NULL", topic)}
-    groups |= {r["g"] for r in store.fetch(f"SELECT DISTINCT consumer_group AS g FROM {table} WHERE topic = $1", topic)}
+    if kdg_shaped:
+        groups |= {r["g"] for r in store.fetch(
+            f"SELECT DISTINCT consumer_group AS g FROM {table} WHERE topic = $1", topic)}
     return groups.pop() if len(groups) == 1 else None
 
 

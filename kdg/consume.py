@@ -1,7 +1,6 @@
 """`kdg consume`: read a topic in a group and write a sink, committing offsets where the policy says."""
 
 import importlib
-import json
 import os
 import socket
 import time
@@ -13,6 +12,7 @@ from kdg.errors import Fenced, RetryBatch, UsageError
 from kdg.guarantees import CommitMode, policy_for
 from kdg.kafka.admin import topic_partitions
 from kdg.kafka.consumer import KdgConsumer, StartOffset
+from kdg.mapping import Mapping, parse_source
 from kdg.offsets import OffsetProtocol, TopicEnd
 from kdg.records import Record
 from kdg.settings import Connection
@@ -29,7 +29,8 @@ class ConsumeRequest:
     sink: str = "postgres"
     table: str = "kdg_events"
     fmt: str = "text"                 # stdout: text | json envelope
-    id_from: str | None = None        # header:NAME | json:FIELD | offset
+    id_from: str | None = None        # header:NAME | json:FIELD | json:/POINTER | offset
+    mapping: "Mapping | None" = None  # a typed sink: the user's table, through this mapping
     count: int | None = None          # -c
     exit_at_end: bool = False         # -e
     idle_timeout: float | None = None
@@ -64,15 +65,21 @@ class ConsumeReport:
 
 
 class KeyResolver:
-    """Finds a record's idempotency key: the ``kdg-id`` header, else what ``--id-from`` says."""
+    """Finds a record's idempotency key: the ``kdg-id`` header, else what ``--id-from`` says.
+
+    ``json:FIELD`` and ``json:/POINTER`` are read by the typed sink's own sources
+    (:mod:`kdg.mapping.sources`), so a key and a column read the same field the same way.
+    """
 
     def __init__(self, id_from: str | None):
-        self.kind, self.arg = None, None
+        self.kind, self.arg, self.source = None, None, None
         if id_from:
-            kind, _, arg = id_from.partition(":")
-            if kind not in ("header", "json", "offset") or (kind != "offset" and not arg):
-                raise UsageError(f"--id-from {id_from!r}: use header:NAME, json:FIELD or offset")
+            kind, sep, arg = id_from.partition(":")
+            if kind not in ("header", "json", "offset") or (bool(sep) if kind == "offset" else not arg):
+                raise UsageError(f"--id-from {id_from!r}: use header:NAME, json:FIELD, json:/POINTER or offset")
             self.kind, self.arg = kind, arg
+            if kind == "json":
+                self.source = parse_source(id_from, "--id-from")
 
     def key(self, rec: Record) -> str | None:
         """The key, or None if the record has none; raises ValueError if ``json:`` cannot parse it."""
@@ -83,9 +90,7 @@ class KeyResolver:
             raw = rec.header(self.arg)
             return raw.decode("utf-8", "replace") if raw is not None else None
         if self.kind == "json":
-            doc = json.loads(rec.value or b"")
-            value = doc.get(self.arg) if isinstance(doc, dict) else None
-            return None if value is None else str(value)
+            return self.source.text_of(rec)
         if self.kind == "offset":
             return f"{rec.topic}/{rec.partition}/{rec.offset}"
         return None
@@ -105,6 +110,10 @@ def load_handler(spec: str | None):
 
 def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue, consumer: KdgConsumer):
     kind, out_topic = parse_sink(req.sink)
+    if req.mapping is not None:
+        from kdg.sinks.typed import TypedPostgresSink
+
+        return TypedPostgresSink(req.conn.pg_dsn, req.mapping, req.group, req.topic, dlq, load_handler(req.handler))
     if kind == "postgres":
         from kdg.sinks.postgres import PostgresSink
 
@@ -166,6 +175,8 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
     if policy.commit_mode is CommitMode.IN_SINK_TRANSACTION and kind == "stdout":
         raise UsageError("exactly-once cannot write to stdout: a terminal cannot take back a line if the "
                          "consumer crashes before its offsets commit. Use --sink postgres or kafka:TOPIC.")
+    if req.mapping is not None and kind != "postgres":
+        raise UsageError(f"--column and --mapping write a Postgres table; they cannot go with --sink {req.sink}")
     start = StartOffset(req.start)
     resolver = KeyResolver(req.id_from)
     bootstrap, extra = req.conn.bootstrap_servers, req.conn.extra
@@ -239,6 +250,6 @@ def _handle(msgs, req, policy, resolver, offsets, sink, report) -> None:
     offsets.after_write(batch)
     report.consumed += len(batch)
     report.batches += 1
-    report.processed += len(batch.records)
+    report.processed += len(batch.records) - result.dead_lettered
     report.duplicates_suppressed += result.duplicates_suppressed
-    report.dead_lettered += len(batch.dead)
+    report.dead_lettered += len(batch.dead) + result.dead_lettered

@@ -79,6 +79,25 @@ class DeliveryPolicy:
             rows.append((f.name, str(shown.value if isinstance(shown, Enum) else shown), self.reasons[f.name]))
         return rows
 
+    def write_mode_effect(self, mode: str) -> str:
+        """What a typed sink's write mode (``insert`` or ``upsert``) makes of this guarantee, read off its fields."""
+        name = self.guarantee.value
+        if mode == "upsert":
+            if self.dedup:
+                return ("each idempotency key is claimed once per table, with its row; on top of that the latest "
+                        "version of each key wins")
+            if self.may_duplicate:
+                return (f"idempotent writes make {name} effectively-once for this table — but not for side "
+                        "effects of the handler")
+            return f"upserts cannot bring back what {name} skips: a crash still loses its batch"
+        if mode == "insert":
+            if self.dedup:
+                return "each record's row once: its idempotency key is claimed in kdg_dedup with the row"
+            if self.may_duplicate:
+                return "a crash before the commit writes the batch again: duplicate rows, visible in the table"
+            return "rows are never written twice; a crash can skip a batch"
+        raise UsageError(f"--mode {mode!r}: use insert or upsert")
+
     def to_dict(self) -> dict:
         return {"guarantee": self.guarantee.value,
                 "settings": {name: {"value": value, "reason": reason} for name, value, reason in self.table()},

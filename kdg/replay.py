@@ -12,12 +12,15 @@ import re
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from kdg.errors import ConnectionFailed, DeliveryError, KdgError, UsageError
 from kdg.guarantees import CommitMode, policy_for
 from kdg.settings import Connection, table_name
 from kdg.spark.ranges import Ranges, parse_bound, resolve_range
+
+if TYPE_CHECKING:
+    from kdg.mapping import Mapping
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 
@@ -33,6 +36,7 @@ class ReplayRequest:
     table: str = "kdg_events"
     master: str = "local[*]"
     id_from: str | None = None
+    mapping: "Mapping | None" = None   # a typed sink: the user's table, through this mapping
     chunk_rows: int = 20_000
     spark_conf: dict[str, str] = field(default_factory=dict)
     on_range: Callable[[Ranges], None] | None = None          # shown before the job runs
@@ -51,6 +55,7 @@ class ReplayReport:
     rows_read: int = 0
     duplicates_dropped: int = 0
     rows_written: int = 0
+    dead_lettered: int = 0          # a typed sink: records the mapping or Postgres refused, in TOPIC.dlq
     tasks: int = 0
     recorded: str = ""              # when the range was recorded as done: before or after writing
     spark_start_s: float = 0.0      # starting the SparkSession (JVM, jars)
@@ -64,11 +69,12 @@ class ReplayReport:
 def run_spark_replay(req: ReplayRequest) -> ReplayReport:
     from kdg.kafka.clients import spark_source_options
     from kdg.spark.session import check_conf
-    from kdg.spark.writer import WriteSpec
+    from kdg.spark.writer import DeadLetterSpec, WriteSpec
     from kdg.store.pg import Store
 
     policy = policy_for(req.guarantee)
-    table = table_name(req.table).text  # canonical: the dedup key, the report, WriteSpec (picklable)
+    # canonical: the dedup key, the report, WriteSpec (picklable)
+    table = req.mapping.table.text if req.mapping is not None else table_name(req.table).text
     id_kind, id_arg = _id_from(req.id_from)
     if not req.group.strip():
         raise UsageError("--group must not be empty")
@@ -80,7 +86,11 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
     replay_id = uuid.uuid4()
     with Store(req.conn.pg_dsn) as store:  # unreachable, or no kdg schema: a clear error before Spark starts
         ranges = _resolve(req, policy.isolation_level, start, end, store)  # a bad range creates nothing
-        store.ensure_sink_table(table)
+        typed = None
+        if req.mapping is not None:
+            typed, _ = store.prepare_typed(req.mapping)  # checked (or created) before Spark starts
+        else:
+            store.ensure_sink_table(table)
         if req.on_range:
             req.on_range(ranges)
         record_first = policy.commit_mode is CommitMode.BEFORE_PROCESSING
@@ -89,7 +99,10 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
         report = ReplayReport(str(replay_id), policy.guarantee.value, req.topic, req.group, table,
                               {p: {"from": s, "to": e} for p, (s, e) in ranges.items()},
                               recorded="before writing" if record_first else "after writing")
-        spec = WriteSpec(req.conn.pg_dsn, table, req.group, policy.dedup, req.chunk_rows)
+        spec = WriteSpec(req.conn.pg_dsn, table, req.group, policy.dedup, req.chunk_rows,
+                         typed=typed,
+                         dead_letters=DeadLetterSpec(policy.guarantee.value, req.conn.bootstrap_servers, req.topic,
+                                                     req.conn.extra))
         try:
             totals = _run_job(req, policy, ranges, spec, id_kind, id_arg, source_options)
         except BaseException as exc:
@@ -97,7 +110,8 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
             store.finish_replay(replay_id, req.group, req.topic, ranges, status="done" if record_first else "failed",
                                 error=str(error))
             raise error from exc
-        for name in ("rows_read", "rows_written", "duplicates_dropped", "tasks", "spark_start_s", "duration_s"):
+        for name in ("rows_read", "rows_written", "duplicates_dropped", "dead_lettered", "tasks", "spark_start_s",
+                     "duration_s"):
             setattr(report, name, totals[name])
         report.rows_per_s = round(report.rows_read / report.duration_s, 1) if report.duration_s else 0.0
         store.finish_replay(replay_id, req.group, req.topic, ranges, status="done", summary=report.to_dict(),
@@ -147,8 +161,10 @@ def _run_job(req: ReplayRequest, policy, ranges: Ranges, spec, id_kind, id_arg, 
     with spark_session(req.master, task_retries=policy.spark_task_retries, conf=req.spark_conf,
                        echo=req.echo) as run:
         job_started = time.monotonic()
-        frame = kafka_frame(run.spark, req.topic, ranges, source_options=source_options)
-        rows = sink_rows(frame, key_expression(id_kind, id_arg, required=policy.dedup))
+        in_order = req.mapping is not None and (req.mapping.mode == "upsert" or req.mapping.on_tombstone == "delete")
+        frame = kafka_frame(run.spark, req.topic, ranges, source_options=source_options, split=not in_order)
+        rows = sink_rows(frame, key_expression(id_kind, id_arg, required=policy.dedup),
+                         with_timestamp=req.mapping is not None)
         totals = run_write(run.spark, rows, spec, req.progress)
         totals["duration_s"] = round(time.monotonic() - job_started, 3)
         totals["spark_start_s"] = round(job_started - started, 3)

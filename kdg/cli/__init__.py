@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from kdg.cli import chaos, db, stack
+from kdg.cli import chaos, db, mapping, stack
 from kdg.errors import KdgError
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app = typer.Typer(
 app.add_typer(stack.app, name="stack")
 app.add_typer(chaos.app, name="chaos")
 app.add_typer(db.app, name="db")
+app.add_typer(mapping.app, name="mapping")
 
 
 def _register() -> None:

@@ -6,7 +6,8 @@ from typing import Annotated, Optional
 import typer
 
 from kdg.cli import app
-from kdg.cli.options import Bootstrap, Json, PgDsn, Profile, Properties
+from kdg.cli.options import (Bootstrap, Columns, CreateTable, Json, MappingFile, Mode, OnTombstone, PgDsn, Profile,
+                             Properties)
 from kdg.cli.render import console, err_console, key_value_table, print_json
 from kdg.errors import CheckFailed, UsageError
 
@@ -50,6 +51,8 @@ def _run_with_bar(bar, run, req):
 @app.command()
 def policy(
     guarantee: Annotated[Optional[str], typer.Argument(help="One guarantee; all three if omitted.")] = None,
+    mode: Annotated[Optional[str], typer.Option("--mode", help="Also say what a typed sink's write mode "
+                    "(insert or upsert) makes of the guarantee.")] = None,
     as_json: Json = False,
 ) -> None:
     """Print every setting a guarantee decides, and why."""
@@ -58,8 +61,11 @@ def policy(
     from kdg.guarantees import all_policies, policy_for
 
     policies = [policy_for(guarantee)] if guarantee else all_policies()
+    effects = [p.write_mode_effect(mode) for p in policies] if mode is not None else [None] * len(policies)
     if as_json:
-        print_json([p.to_dict() for p in policies] if len(policies) > 1 else policies[0].to_dict())
+        shown = [p.to_dict() | ({"write_mode": {"value": mode, "effect": e}} if e else {})
+                 for p, e in zip(policies, effects)]
+        print_json(shown if len(shown) > 1 else shown[0])
         return
     for p in policies:
         table = Table(title=p.guarantee.value, title_justify="left")
@@ -68,6 +74,8 @@ def policy(
         table.add_column("why", style="dim")
         for row in p.table():
             table.add_row(*row)
+        if mode is not None:
+            table.add_row("write_mode", mode, p.write_mode_effect(mode))
         console.print(table)
 
 
@@ -132,10 +140,14 @@ def consume(
     group: Annotated[str, typer.Option("--group", "-G", help="Consumer group id.")],
     guarantee: GuaranteeOpt = "at-least-once",
     sink: Annotated[str, typer.Option(help="postgres | kafka:OUT_TOPIC | stdout.")] = "postgres",
-    table: Annotated[str, typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (created like kdg_events; the schema must exist).")] = "kdg_events",
+    table: Annotated[Optional[str], typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (default: "
+                     "kdg_events; created like it, the schema must exist). With --column or --mapping: your table.")] = None,
+    column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
+    on_tombstone: OnTombstone = None,
     fmt: Annotated[str, typer.Option("--format", help="stdout sink: text or json envelope lines.")] = "text",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD, "
-                       "or offset (topic/partition/offset: exact for re-reads, blind to producer duplicates).")] = None,
+                       "json:/POINTER, or offset (topic/partition/offset: exact for re-reads, blind to producer "
+                       "duplicates).")] = None,
     count: Annotated[Optional[int], typer.Option("-c", help="Stop after this many records.")] = None,
     exit_at_end: Annotated[bool, typer.Option("-e", help="Stop once the whole topic is read for this group: held "
                            "partitions at their end, the others' stored offsets too.")] = False,
@@ -151,6 +163,7 @@ def consume(
 ) -> None:
     """Read a topic in a group and write a sink; offsets commit where the guarantee says."""
     from kdg.consume import ConsumeRequest, load_handler, run_consume
+    from kdg.mapping import build_mapping
     from kdg.settings import table_name
 
     if fmt not in ("text", "json"):
@@ -159,11 +172,14 @@ def consume(
         raise UsageError("--group must not be empty")
     _check_min(("-c", count, 1), ("--batch-size", batch_size, 1), ("--idle-timeout", idle_timeout, 0),
                ("--max-bytes", max_bytes, 0))
-    table_name(table)  # NAME or SCHEMA.NAME, refused before anything is read
+    typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
+                          create_table=create_table)  # a bad mapping is refused before anything is read
+    table = typed.table.text if typed is not None else table_name(table or "kdg_events").text
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
     req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
-                         sink=sink, table=table, fmt=fmt, id_from=id_from, count=count, exit_at_end=exit_at_end,
+                         sink=sink, table=table, mapping=typed, fmt=fmt, id_from=id_from, count=count,
+                         exit_at_end=exit_at_end,
                          idle_timeout=idle_timeout, start=offset, batch_size=batch_size, max_bytes=max_bytes,
                          handler=handler, transactional_id=transactional_id, progress=progress)
     report = _run_with_bar(bar, run_consume, req)
@@ -183,7 +199,10 @@ def spark_replay(
     start: Annotated[str, typer.Option("--from", help="earliest | latest | stored | P:OFFSET,… | "
                      "@2026-11-22T10:00:00 (UTC) | @MILLIS.")] = "earliest",
     end: Annotated[str, typer.Option("--to", help="Exclusive end, same forms as --from.")] = "latest",
-    table: Annotated[str, typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (created like kdg_events; the schema must exist).")] = "kdg_events",
+    table: Annotated[Optional[str], typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (default: "
+                     "kdg_events; created like it, the schema must exist). With --column or --mapping: your table.")] = None,
+    column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
+    on_tombstone: OnTombstone = None,
     master: Annotated[str, typer.Option(help="Spark master: local[*], spark://…, yarn, k8s://….")] = "local[*]",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD "
                        "or offset.")] = None,
@@ -196,6 +215,7 @@ def spark_replay(
     """Replay a Kafka range into Postgres with Spark; exactly-once adds each idempotency key once, however often it runs."""
     from rich.table import Table
 
+    from kdg.mapping import build_mapping
     from kdg.replay import ReplayRequest, run_spark_replay
     from kdg.settings import parse_properties
 
@@ -210,9 +230,12 @@ def spark_replay(
             shown.add_row(str(p), str(s), str(e), str(e - s))
         err_console.print(shown)
 
+    typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
+                          create_table=create_table)
     bar, tasks_done = _progress("spark tasks", None, not as_json)
     req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile), group=group,
-                        start=start, end=end, table=table, master=master, id_from=id_from, chunk_rows=chunk_rows,
+                        start=start, end=end, table=table or "kdg_events", mapping=typed, master=master,
+                        id_from=id_from, chunk_rows=chunk_rows,
                         spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"), on_range=show_range,
                         progress=lambda done, total, failed: tasks_done(done, total),
                         echo=lambda text: err_console.print(text, soft_wrap=True, markup=False))

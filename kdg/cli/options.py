@@ -20,3 +20,18 @@ Profile = Annotated[Optional[Path], typer.Option(
 Json = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 StateDir = Annotated[Optional[Path], typer.Option(
     "--state-dir", envvar="KDG_STATE_DIR", help="Where the local stack keeps data, logs and pids.")]
+
+# a typed sink: the user's own table, through a mapping (kdg consume, kdg spark-replay)
+Columns = Annotated[Optional[list[str]], typer.Option(
+    "--column", help="Typed sink column 'NAME TYPE = SOURCE' (repeatable). SOURCE: json:FIELD, json:/POINTER, "
+    "key, key:FIELD, key:/POINTER, header:NAME, topic, partition, offset, timestamp, idempotency_key.")]
+MappingFile = Annotated[Optional[Path], typer.Option(
+    "--mapping", help="Typed sink mapping, a TOML file: table, mode, key, on_tombstone, create_table and a columns table. "
+    "Flags override its values.")]
+Mode = Annotated[Optional[str], typer.Option(
+    "--mode", help="Typed sink: insert (the default) or upsert (on the mapping's key, else the table's primary key).")]
+CreateTable = Annotated[bool, typer.Option(
+    "--create-table", help="Typed sink: create the table from the mapping if it is missing (key → primary key).")]
+OnTombstone = Annotated[Optional[str], typer.Option(
+    "--on-tombstone", help="Typed sink, a record with a null value: dead-letter (the default), delete (by key) or "
+    "ignore.")]

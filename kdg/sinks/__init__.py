@@ -26,6 +26,7 @@ class Batch:
 class WriteResult:
     written: int = 0
     duplicates_suppressed: int = 0
+    dead_lettered: int = 0  # records of the batch the sink itself sent to the dead-letter topic
 
 
 def parse_sink(spec: str) -> tuple[str, str | None]:

@@ -7,6 +7,14 @@ from kdg.kafka.producer import KdgProducer
 from kdg.records import ID_HEADER, Record
 
 REASON_HEADER = "kdg-dlq-reason"
+SQLSTATE_HEADER = "kdg-sqlstate"        # a row Postgres refused: its SQL error code, e.g. 23514
+SQL_MESSAGE_HEADER = "kdg-sql-message"  # ... and the error's message
+
+
+def refused_row(rec: Record, key: str, sqlstate: str, message: str) -> tuple:
+    """A dead letter for a row Postgres refused, with the SQL error's code and message in headers."""
+    return (rec, f"postgres refused the row: {sqlstate} {message}", key,
+            [(SQLSTATE_HEADER, sqlstate.encode()), (SQL_MESSAGE_HEADER, message.encode())])
 
 
 def dlq_topic(topic: str) -> str:
@@ -32,8 +40,11 @@ class DeadLetterQueue:
         self._producer = KdgProducer(policy, bootstrap, extra, role=Role.DEAD_LETTERS)
         self._topic_ready = False
 
-    def send(self, dead: list[tuple[Record, str, str | None]], producer=None) -> None:
-        """Send ``dead``; through ``producer`` (an open transaction) when given, else durably now."""
+    def send(self, dead: list[tuple], producer=None) -> None:
+        """Send ``dead``; through ``producer`` (an open transaction) when given, else durably now.
+
+        Each is ``(record, reason, key)``, or ``(record, reason, key, extra_headers)``.
+        """
         if not dead:
             return
         own = producer is None
@@ -41,8 +52,9 @@ class DeadLetterQueue:
             ensure_topic(self.bootstrap, self.topic, partitions=1, extra=self.extra)
             self._topic_ready = True
         target = self._producer if own else producer
-        for rec, reason, key in dead:
-            target.send(self.topic, rec.value, rec.key, dead_letter_headers(rec, reason, key))
+        for rec, reason, key, *extra in dead:
+            headers = dead_letter_headers(rec, reason, key)
+            target.send(self.topic, rec.value, rec.key, headers + extra[0] if extra else headers)
         if own:
             from kdg.errors import DeliveryError
 

@@ -13,13 +13,15 @@ ROWS_PER_TASK = 250_000  # Kafka partitions larger than this are split across Sp
 
 
 def kafka_frame(spark, topic: str, ranges: Ranges, *, source_options: dict[str, str],
-                fail_on_data_loss: bool = True):
+                fail_on_data_loss: bool = True, split: bool = True):
     """The records of ``ranges`` as Spark's Kafka source reads them (key, value, headers, topic, …).
 
     ``source_options`` come from :func:`kdg.kafka.clients.spark_source_options`: the bootstrap servers,
     the policy's isolation level and the user's properties, already vetted against the policy.
+    ``split``: a large partition may be read by several tasks; not when one task must see a
+    partition's records in order (an upsert's latest version wins).
     """
-    total = sum(end - start for start, end in ranges.values())
+    total = sum(end - start for start, end in ranges.values()) if split else 0
     reader = (spark.read.format("kafka")
               .options(**source_options)
               .option("assign", json.dumps({topic: sorted(ranges)}))
@@ -52,9 +54,13 @@ def key_expression(id_kind: str | None, id_arg: str | None, *, required: bool) -
     return f"coalesce({', '.join(fallbacks)})"
 
 
-def sink_rows(frame, key_sql: str):
-    """The Kafka frame shaped as the store's sink rows (headers as one JSON object, as `kdg consume` writes)."""
-    return frame.selectExpr(*spark_projection(key_sql))
+def sink_rows(frame, key_sql: str, *, with_timestamp: bool = False):
+    """The Kafka frame shaped as the store's sink rows (headers as one JSON object, as `kdg consume` writes).
+
+    ``with_timestamp`` adds each record's timestamp in epoch milliseconds, for a typed sink's mapping.
+    """
+    extra = ["unix_millis(timestamp) AS `timestamp`"] if with_timestamp else []
+    return frame.selectExpr(*spark_projection(key_sql), *extra)
 
 
 def run_write(spark, rows, spec: WriteSpec, progress: Callable[[int, int, int], None] | None = None) -> dict:
@@ -65,7 +71,7 @@ def run_write(spark, rows, spec: WriteSpec, progress: Callable[[int, int, int], 
     finally:
         if poller:
             poller.stop()
-    totals = {name: 0 for name in ("rows_read", "rows_written", "duplicates_dropped", "chunks")}
+    totals = {name: 0 for name in ("rows_read", "rows_written", "duplicates_dropped", "chunks", "dead_lettered")}
     for row in summaries:
         for name in totals:
             totals[name] += row[name]

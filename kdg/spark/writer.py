@@ -6,15 +6,28 @@ summary row. Spark keeps only successful tasks' results, so the summed counts ar
 a task was retried.
 """
 
+import json
 from dataclasses import dataclass
 from typing import Iterator
 
 from kdg import faults
 from kdg.errors import KeylessRecord
+from kdg.records import Record
 from kdg.store.rows import SINK_COLUMNS
 
-SUMMARY_SCHEMA = "rows_read long, rows_written long, duplicates_dropped long, chunks long"
+SUMMARY_SCHEMA = "rows_read long, rows_written long, duplicates_dropped long, chunks long, dead_lettered long"
 COLUMNS = SINK_COLUMNS
+RECORD_COLUMNS = (*SINK_COLUMNS, "timestamp")  # a typed sink rebuilds each record: the sink row and its timestamp
+
+
+@dataclass(frozen=True)
+class DeadLetterSpec:
+    """Where a typed sink's executors send rows Postgres refused: ``TOPIC.dlq``, by the policy's rules."""
+
+    guarantee: str
+    bootstrap: str
+    topic: str
+    extra: dict
 
 
 @dataclass(frozen=True)
@@ -24,6 +37,8 @@ class WriteSpec:
     group: str
     dedup: bool            # exactly-once: claim each key in kdg_dedup with its row
     chunk_rows: int        # rows per Postgres transaction
+    typed: "object | None" = None            # a TypedTarget: the user's table, through a mapping
+    dead_letters: DeadLetterSpec | None = None
 
 
 def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
@@ -36,6 +51,9 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
     ctx = TaskContext.get()
     # fires once: in the first Spark partition, on its first attempt, after one chunk committed
     fault_armed = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
+    if spec.typed is not None:
+        yield pa.RecordBatch.from_pylist([_write_typed(batches, spec, fault_armed)])
+        return
     read = written = dropped = chunks = 0
     seen: set[str] = set()
     pending: list[tuple] = []
@@ -72,4 +90,75 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
         if pending:
             flush()
     yield pa.RecordBatch.from_pylist(
-        [{"rows_read": read, "rows_written": written, "duplicates_dropped": dropped, "chunks": chunks}])
+        [{"rows_read": read, "rows_written": written, "duplicates_dropped": dropped, "chunks": chunks,
+          "dead_lettered": 0}])
+
+
+def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
+    """A typed sink's task: each record through the same mapping and store method as `kdg consume`'s."""
+    from kdg.mapping import RowMaker
+    from kdg.sinks.dead_letters import refused_row
+    from kdg.store.pg import Store
+
+    maker, dlq = RowMaker(spec.typed.mapping), _LazyDeadLetters(spec.dead_letters)
+    totals = {"rows_read": 0, "rows_written": 0, "duplicates_dropped": 0, "chunks": 0, "dead_lettered": 0}
+    seen: set[str] = set()
+    pending: list[tuple[Record, str]] = []
+    with Store(spec.dsn) as store:
+        def flush() -> None:
+            rows, unreadable = maker.rows(pending)
+            dlq.send(unreadable)  # durable before the chunk's transaction commits
+            result = store.write_typed(spec.typed, rows, claim=spec.dedup, on_rejected=lambda rejected: dlq.send(
+                [refused_row(*pending[seq], state, message) for seq, state, message in rejected]))
+            totals["rows_written"] += result.written
+            totals["duplicates_dropped"] += result.duplicates
+            totals["dead_lettered"] += len(unreadable) + len(result.rejected)
+            totals["chunks"] += 1
+            pending.clear()
+            if fault_armed:
+                faults.reach("spark-task-mid-write")
+
+        for batch in batches:
+            for rec, key in _records(batch):
+                totals["rows_read"] += 1
+                if spec.dedup:
+                    if key is None:
+                        raise KeylessRecord(f"record {rec.topic}/{rec.partition}/{rec.offset} has no kdg-id header "
+                                            "and no --id-from key; exactly-once needs an idempotency key for every "
+                                            "record")
+                    if key in seen:
+                        totals["duplicates_dropped"] += 1
+                        continue
+                    seen.add(key)
+                pending.append((rec, key))
+                if len(pending) >= spec.chunk_rows:
+                    flush()
+        if pending:
+            flush()
+    return totals
+
+
+def _records(batch) -> Iterator[tuple[Record, str | None]]:
+    """Arrow rows back into records (headers from their JSON object: a repeated name keeps its last value)."""
+    for key, topic, partition, offset, k, v, headers, ts in zip(
+            *[batch.column(name).to_pylist() for name in RECORD_COLUMNS]):
+        pairs = [(name, None if h is None else h.encode()) for name, h in json.loads(headers).items()]
+        yield Record(v, k, pairs, partition, topic, offset, ts), key
+
+
+class _LazyDeadLetters:
+    """The task's dead-letter producer, made on the first dead letter only."""
+
+    def __init__(self, spec: DeadLetterSpec):
+        self.spec, self._dlq = spec, None
+
+    def send(self, dead: list) -> None:
+        if not dead:
+            return
+        if self._dlq is None:
+            from kdg.guarantees import policy_for
+            from kdg.sinks.dead_letters import DeadLetterQueue
+
+            self._dlq = DeadLetterQueue(policy_for(self.spec.guarantee), self.spec.bootstrap, self.spec.topic,
+                                        self.spec.extra)
+        self._dlq.send(dead)

@@ -14,6 +14,8 @@ from kdg.errors import ConnectionFailed, Fenced, PostgresRefused, UsageError
 from kdg.settings import TableName, redact_dsn, table_name
 from kdg.store.migrations import connect, require_schema
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, quoted, staging_table
+from kdg.store.tables import prepare_table
+from kdg.store.typed import CLAIM, TypedResult, TypedTarget, write_batch
 
 DEDUP_COLUMNS = ("sink_table", *SINK_COLUMNS[:4])  # the claim: which table, which key, where it came from
 LEDGER_COLUMNS = ("run_id", "idempotency_key", "topic", "seq", "status", "partition", "offset", "error")
@@ -27,6 +29,7 @@ class Store:
         self.dsn = dsn
         self._loop = asyncio.new_event_loop()
         self._sink_ready: set[str] = set()
+        self._stages: set[str] = set()
         try:
             self.conn: asyncpg.Connection = self._run(connect(dsn))
         except BaseException:
@@ -151,10 +154,7 @@ class Store:
         # ON CONFLICT DO NOTHING also skips a key repeated within the batch: the first
         # staged copy wins, and only the claimed (key, partition, offset) rows are inserted.
         status = await self.conn.execute(f"""
-            WITH claimed AS (
-                INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
-                SELECT $1, idempotency_key, topic, "partition", "offset" FROM kdg_stage
-                ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset")
+            WITH claimed AS ({CLAIM.format(stage="kdg_stage")})
             INSERT INTO {table.sql} (idempotency_key, consumer_group, topic, "partition", "offset",
                                  key, value, headers)
             SELECT s.idempotency_key, $2, s.topic, s."partition", s."offset", s.key, s.value, s.headers
@@ -193,6 +193,49 @@ class Store:
             if before_commit is not None:
                 before_commit()
         return len(rows)
+
+    # -- typed sinks: a user's table, through a mapping --------------------------------------
+    def prepare_typed(self, mapping, *, dry_run: bool = False):
+        """Check ``mapping`` against its table (creating it if the mapping says so, unless ``dry_run``).
+
+        Returns ``(TypedTarget, TableShape | None)``; a mismatch is a usage error naming the column.
+        """
+        async def prepare():
+            checked, shape = await prepare_table(self.conn, mapping, dry_run=dry_run)
+            return TypedTarget(checked), shape
+
+        return self._run(prepare())
+
+    def write_typed(self, target: TypedTarget, rows: list[tuple], *, claim: bool, group: str | None = None,
+                    topic: str | None = None, next_offsets: dict[int, int] | None = None,
+                    fences: dict[int, int] | None = None, on_rejected=None, handler=None,
+                    before_commit=None) -> TypedResult:
+        """One transaction: stage and write ``rows`` (claiming keys when ``claim``), then move fenced offsets.
+
+        ``on_rejected(rejected)`` runs before the commit, so rows Postgres refused are dead-lettered
+        durably before the offsets that account for them move.
+        """
+        return self._run(self._write_typed(target, rows, claim, group, topic, next_offsets, fences, on_rejected,
+                                           handler, before_commit))
+
+    async def _write_typed(self, target, rows, claim, group, topic, next_offsets, fences, on_rejected, handler,
+                           before_commit) -> TypedResult:
+        if target.stage not in self._stages:  # ISO times without an offset are UTC, in consume and Spark alike
+            await self.conn.execute("SET TIME ZONE 'UTC'")
+            await self.conn.execute(target.stage_ddl())
+            self._stages.add(target.stage)
+        async with self.conn.transaction():
+            result = await write_batch(self.conn, target, rows,
+                                       claim_table=target.mapping.table.text if claim else None)
+            if result.rejected and on_rejected is not None:
+                on_rejected(result.rejected)
+            if handler is not None:
+                await _maybe_await(handler(rows, self.conn))
+            if next_offsets:
+                await self._move_offsets(group, topic, next_offsets, fences)
+            if before_commit is not None:
+                before_commit()
+        return result
 
     # -- replay ledger -----------------------------------------------------------------------
     def record_replay(self, replay_id, group: str, topic: str, table: str, guarantee: str,

@@ -1,0 +1,86 @@
+"""Records to staged rows: one text value per mapped column, extracted in Python, cast later by Postgres.
+
+A staged row is ``(seq, idempotency_key, topic, partition, offset, tombstone, *values)``: ``seq`` is
+the record's place in its batch (Kafka order within a partition), so a rejected row leads back to
+its record and the latest version of a key wins an upsert.
+"""
+
+from kdg.mapping.sources import as_text, json_text, parse_json
+from kdg.mapping.spec import Mapping
+
+STAGE_PREFIX = (("seq", "integer"), ("idempotency_key", "text"), ("topic", "text"), ("partition", "integer"),
+                ("offset", "bigint"), ("tomb", "boolean"))
+TOMBSTONE_REASON = "tombstone (null value): --on-tombstone dead-letter"
+
+
+class RowMaker:
+    """The compiled form of a mapping: ``rows(records)`` → staged rows and dead letters."""
+
+    def __init__(self, mapping: Mapping):
+        self.mapping = mapping
+        self.columns = mapping.columns
+        self._value_json = mapping.reads_value
+        self._key_json = any(c.source.kind == "key" for c in mapping.columns)
+        self._readers = [(c.source.read, json_text if c.type.base == "jsonb" else as_text) for c in mapping.columns]
+        self._jsonb = [c.type.base == "jsonb" for c in mapping.columns]
+        self._tombstones = mapping.on_tombstone
+
+    def rows(self, records) -> tuple[list[tuple], list[tuple]]:
+        """Staged rows for ``records`` (``(record, key)`` pairs; ``seq`` is the index), and dead letters.
+
+        A value or key that is not JSON, or text Postgres cannot hold (NUL, a lone surrogate),
+        makes a dead letter with the reason; so does a tombstone under ``dead-letter``.
+        """
+        rows, dead = [], []
+        for seq, (rec, key) in enumerate(records):
+            tomb = rec.value is None
+            if tomb and self._tombstones == "dead-letter":
+                dead.append((rec, TOMBSTONE_REASON, key))
+                continue
+            try:
+                values = self._values(rec, key, tomb)
+            except ValueError as exc:
+                dead.append((rec, str(exc), key))
+                continue
+            rows.append((seq, key, rec.topic, rec.partition, rec.offset, tomb, *values))
+        return rows, dead
+
+    def _values(self, rec, key, tomb: bool) -> list:
+        try:
+            doc = parse_json(rec.value) if self._value_json and not tomb else None
+        except ValueError as exc:
+            raise ValueError(f"bad JSON: {exc}") from None
+        try:
+            key_doc = parse_json(rec.key) if self._key_json else None
+        except ValueError as exc:
+            raise ValueError(f"bad JSON in the record key: {exc}") from None
+        values = [text(read(rec, key, doc, key_doc)) for read, text in self._readers]
+        for i, value in enumerate(values):
+            if value is not None and not _storable(value, self._jsonb[i]):
+                raise ValueError(f"column {self.columns[i].name!r}: Postgres text cannot hold this value "
+                                 "(a NUL character or a lone UTF-16 surrogate)")
+        return values
+
+
+def _storable(text: str, jsonb: bool) -> bool:
+    """Whether Postgres can hold ``text``: no NUL (jsonb: no ``\\u0000`` escape either), valid UTF-8."""
+    if "\x00" in text or (jsonb and "\\u0000" in text and not _only_escaped_backslashes(text)):
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _only_escaped_backslashes(text: str) -> bool:
+    """Whether each ``\\u0000`` in JSON ``text`` is an escaped backslash then ``u0000``, never a NUL escape."""
+    i = text.find("\\u0000")
+    while i >= 0:
+        backslashes = len(text[:i]) - len(text[:i].rstrip("\\"))
+        if backslashes % 2 == 0:  # this backslash is not itself escaped: a real \u0000
+            return False
+        i = text.find("\\u0000", i + 1)
+    return True

@@ -1,0 +1,161 @@
+"""Where a column's value comes from: the SOURCE grammar, JSON Pointer, and values as text.
+
+    json:FIELD          a top-level field of the JSON value, the name taken literally (dots included)
+    json:/a/b           a JSON Pointer (RFC 6901) into the value: ``~1`` is ``/``, ``~0`` is ``~``
+    key                 the record key as UTF-8 text
+    key:FIELD, key:/p   the record key parsed as JSON, then a field or a pointer as above
+    header:NAME         a header's value as UTF-8 text (the first header of that name)
+    topic, partition, offset, timestamp, idempotency_key      the record's metadata
+
+A FIELD that begins with ``/`` is read as a pointer (``json:/~1x`` names a top-level field ``/x``).
+A missing field, a JSON ``null``, a missing key or header: NULL. Values reach Postgres as text, and
+Postgres casts them: JSON strings as they are, numbers and booleans as their JSON text (numbers
+exactly as written: ``12.50`` stays ``12.50``), objects and arrays as JSON text.
+
+Example:
+    >>> parse_source("json:/customer/name").path
+    ('customer', 'name')
+"""
+
+import json
+from dataclasses import dataclass
+from decimal import Decimal
+
+from kdg.errors import UsageError
+
+METADATA = ("topic", "partition", "offset", "timestamp", "idempotency_key")
+GRAMMAR = ("json:FIELD, json:/POINTER, key, key:FIELD, key:/POINTER, header:NAME, "
+           "topic, partition, offset, timestamp or idempotency_key")
+
+
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+# numbers as Decimal keep their text exactly; NaN and Infinity (which Python's json allows) are refused
+_loads = json.JSONDecoder(parse_float=Decimal, parse_constant=_reject_constant).decode
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
+
+
+@dataclass(frozen=True)
+class Source:
+    """One parsed SOURCE. ``kind``: ``value`` or ``key`` (JSON of either), ``key_text``, ``header``, ``meta``."""
+
+    kind: str
+    path: tuple[str, ...] = ()   # the field (one name) or the pointer's tokens
+    pointer: bool = False        # a pointer may also index arrays; a FIELD names an object member only
+    name: str = ""               # header or metadata name
+    spec: str = ""               # as the user wrote it
+
+    @property
+    def reads_value(self) -> bool:
+        """Whether this source needs the record's value (a tombstone has none)."""
+        return self.kind == "value"
+
+    def read(self, rec, key: str | None, doc=None, key_doc=None):
+        """The raw value for ``rec`` (``doc``/``key_doc``: its value/key already parsed as JSON), or None."""
+        kind = self.kind
+        if kind == "value":
+            return walk(doc, self.path, self.pointer)
+        if kind == "key":
+            return walk(key_doc, self.path, self.pointer)
+        if kind == "key_text":
+            return None if rec.key is None else rec.key.decode("utf-8", "replace")
+        if kind == "header":
+            raw = rec.header(self.name)
+            return None if raw is None else raw.decode("utf-8", "replace")
+        if self.name == "idempotency_key":
+            return key
+        if self.name == "timestamp":  # Kafka says -1 when a record has no timestamp
+            return rec.timestamp if rec.timestamp is not None and rec.timestamp >= 0 else None
+        return getattr(rec, self.name)
+
+    def text_of(self, rec, key: str | None = None) -> str | None:
+        """This source's value for ``rec`` as text, parsing what it needs; ValueError if that is not JSON.
+
+        A tombstone (no value) has no JSON to read: a ValueError too, so ``--id-from json:`` dead-letters it.
+        """
+        if self.kind == "value" and rec.value is None:
+            raise ValueError("a tombstone (null value) has no JSON to read the key from")
+        doc = parse_json(rec.value) if self.kind == "value" else None
+        key_doc = parse_json(rec.key) if self.kind == "key" else None
+        return as_text(self.read(rec, key, doc, key_doc))
+
+
+def parse_source(spec: str, what: str = "source") -> Source:
+    """Parse a SOURCE (see the module's docstring); anything else is a usage error listing the forms."""
+    text = spec.strip()
+    if text in METADATA:
+        return Source("meta", name=text, spec=text)
+    if text == "key":
+        return Source("key_text", spec=text)
+    kind, sep, arg = text.partition(":")
+    if sep and arg:
+        if kind == "header":
+            return Source("header", name=arg, spec=text)
+        if kind in ("json", "key"):
+            path, pointer = (parse_pointer(arg, spec), True) if arg.startswith("/") else ((arg,), False)
+            return Source("value" if kind == "json" else "key", path=path, pointer=pointer, spec=text)
+    raise UsageError(f"unknown {what} {text!r}: use {GRAMMAR}")
+
+
+def parse_pointer(pointer: str, spec: str = "") -> tuple[str, ...]:
+    """RFC 6901: ``/a~1b/c~0d`` → ``('a/b', 'c~d')``; a ``~`` not followed by 0 or 1 is a usage error."""
+    tokens = []
+    for raw in pointer.split("/")[1:]:
+        if "~" in raw.replace("~0", "").replace("~1", ""):
+            raise UsageError(f"JSON Pointer {spec or pointer!r}: '~' must be followed by 0 or 1 (RFC 6901)")
+        tokens.append(raw.replace("~1", "/").replace("~0", "~"))
+    return tuple(tokens)
+
+
+def walk(doc, path: tuple[str, ...], pointer: bool):
+    """Follow ``path`` into ``doc``: object members, and (for a pointer) array indexes; None when missing."""
+    for token in path:
+        if isinstance(doc, dict):
+            doc = doc.get(token)
+        elif pointer and isinstance(doc, list) and token.isdigit() and (token == "0" or token[0] != "0"):
+            index = int(token)
+            doc = doc[index] if index < len(doc) else None
+        else:
+            return None
+        if doc is None:
+            return None
+    return doc
+
+
+def parse_json(data: bytes | None):
+    """A record's value or key as JSON (None stays None); ValueError if it is not JSON."""
+    return None if data is None else _loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+
+
+def as_text(value) -> str | None:
+    """A value as Postgres will read it: strings as they are, other JSON as JSON text, null as None."""
+    kind = type(value)
+    if kind is str or value is None:
+        return value
+    if kind is bool:
+        return "true" if value else "false"
+    if kind is int or kind is Decimal:
+        return str(value)
+    return json_text(value)
+
+
+def json_text(value) -> str | None:
+    """A value as JSON text, for a jsonb column (a string becomes a JSON string); None stays None."""
+    if value is None:
+        return None
+    try:
+        return _dumps(value)
+    except TypeError:  # a Decimal somewhere inside: write numbers exactly as they were written
+        return _json_with_decimals(value)
+
+
+def _json_with_decimals(value) -> str:
+    if isinstance(value, Decimal):
+        return str(value)
+    if isinstance(value, dict):
+        return "{" + ",".join(_dumps(k) + ":" + _json_with_decimals(v) for k, v in value.items()) + "}"
+    if isinstance(value, list):
+        return "[" + ",".join(_json_with_decimals(v) for v in value) + "]"
+    return _dumps(value)

@@ -1,0 +1,167 @@
+"""A mapping from a record to a row of the user's table, declared once: on the command line or in TOML.
+
+    kdg consume orders -G etl --table app.orders --mode upsert \\
+        --column 'order_id bigint = json:id' --column 'amount numeric(12,2) = json:/total/amount'
+
+or ``--mapping orders.toml``::
+
+    table = "app.orders"
+    mode = "upsert"              # insert (default) | upsert
+    key = ["order_id"]           # upsert/delete key [default: the table's primary key]
+    on_tombstone = "delete"      # dead-letter (default) | delete | ignore
+    create_table = false
+    [columns]
+    order_id = { type = "bigint", from = "json:id" }
+
+Flags override the file's values; a ``--column`` replaces the file's column of the same name.
+"""
+
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from kdg.errors import UsageError
+from kdg.mapping.sources import Source, parse_source
+from kdg.mapping.types import ColumnType, parse_type
+from kdg.settings import TableName, sql_identifier, table_name
+
+MODES = ("insert", "upsert")
+TOMBSTONES = ("dead-letter", "delete", "ignore")
+_FILE_KEYS = {"table", "mode", "key", "on_tombstone", "create_table", "columns"}
+
+
+@dataclass(frozen=True)
+class Column:
+    name: str
+    type: ColumnType
+    source: Source
+
+    @property
+    def sql(self) -> str:
+        return f'"{self.name}"'
+
+    def describe(self) -> str:
+        return f"{self.name} {self.type.name} = {self.source.spec}"
+
+
+@dataclass(frozen=True)
+class Mapping:
+    """Which table, which columns from which sources, and how rows are written."""
+
+    table: TableName
+    columns: tuple[Column, ...]
+    mode: str = "insert"
+    key: tuple[str, ...] = ()          # empty: the table's primary key
+    on_tombstone: str = "dead-letter"
+    create_table: bool = False
+
+    def column(self, name: str) -> Column:
+        return next(c for c in self.columns if c.name == name)
+
+    @property
+    def reads_value(self) -> bool:
+        return any(c.source.reads_value for c in self.columns)
+
+    def check_key(self, key: tuple[str, ...], origin: str) -> None:
+        """Key columns must be mapped; deleting on tombstones needs them from outside the value."""
+        unmapped = [k for k in key if k not in {c.name for c in self.columns}]
+        if unmapped:
+            raise UsageError(f"key column {unmapped[0]!r} ({origin}) is not one of the mapped columns")
+        if self.on_tombstone == "delete":
+            from_value = [k for k in key if self.column(k).source.reads_value]
+            if from_value:
+                raise UsageError(f"on_tombstone = delete: key column {from_value[0]!r} comes from "
+                                 f"{self.column(from_value[0]).source.spec!r}, and a tombstone has no value; "
+                                 "take it from key, key:FIELD, header:NAME or metadata")
+
+    def to_dict(self) -> dict:
+        return {"table": self.table.text, "mode": self.mode, "key": list(self.key),
+                "on_tombstone": self.on_tombstone, "create_table": self.create_table,
+                "columns": [{"name": c.name, "type": c.type.name, "from": c.source.spec} for c in self.columns]}
+
+
+def parse_column(spec: str) -> Column:
+    """``'NAME TYPE = SOURCE'`` → a Column; a malformed spec is a usage error naming it."""
+    left, sep, source = spec.partition("=")
+    parts = left.split(None, 1)
+    if not sep or len(parts) != 2 or not source.strip():
+        raise UsageError(f"--column {spec!r}: expected 'NAME TYPE = SOURCE', e.g. 'order_id bigint = json:id'")
+    return make_column(parts[0], parts[1], source)
+
+
+def make_column(name: str, type_text: str, source: str) -> Column:
+    sql_identifier(name, "column")
+    return Column(name, parse_type(type_text, name), parse_source(source, f"source of column {name!r}"))
+
+
+def load_file(path: Path) -> dict:
+    """The TOML mapping file as the keyword arguments of :func:`build_mapping`; errors name the file."""
+    try:
+        doc = tomllib.loads(Path(path).read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise UsageError(f"--mapping {path}: cannot read it ({exc.strerror})") from None
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise UsageError(f"--mapping {path}: not TOML ({exc})") from None
+    unknown = sorted(set(doc) - _FILE_KEYS)
+    if unknown:
+        raise UsageError(f"--mapping {path}: unknown key {unknown[0]!r}; the keys are {', '.join(sorted(_FILE_KEYS))}")
+    columns = doc.get("columns", {})
+    if not isinstance(columns, dict):
+        raise UsageError(f"--mapping {path}: [columns] must be a table of NAME = {{ type = …, from = … }}")
+    parsed = [_file_column(path, name, entry) for name, entry in columns.items()]
+    key = doc.get("key", [])
+    if isinstance(key, str):
+        key = [key]
+    for name, kind in (("table", str), ("mode", str), ("on_tombstone", str), ("create_table", bool), ("key", list)):
+        value = key if name == "key" else doc.get(name)
+        if value is not None and not isinstance(value, kind):
+            raise UsageError(f"--mapping {path}: {name} must be a {kind.__name__}, not {value!r}")
+    return {"table": doc.get("table"), "columns": parsed, "mode": doc.get("mode"), "key": tuple(key),
+            "on_tombstone": doc.get("on_tombstone"), "create_table": doc.get("create_table")}
+
+
+def _file_column(path: Path, name: str, entry) -> Column:
+    if not isinstance(entry, dict) or set(entry) != {"type", "from"} or not all(
+            isinstance(v, str) for v in entry.values()):
+        raise UsageError(f'--mapping {path}: column {name!r} must be {{ type = "TYPE", from = "SOURCE" }}')
+    return make_column(name, entry["type"], entry["from"])
+
+
+def build_mapping(*, file: Path | None = None, columns: list[str] | None = None, table: str | None = None,
+                  mode: str | None = None, on_tombstone: str | None = None, create_table: bool = False,
+                  key: tuple[str, ...] = ()) -> Mapping | None:
+    """The mapping the flags and file describe, flags winning; None when no typed-sink option was given."""
+    if file is None and not columns and mode is None and on_tombstone is None and not create_table:
+        return None
+    base = load_file(file) if file is not None else {}
+    merged: dict[str, Column] = {c.name: c for c in base.get("columns", [])}
+    for column in map(parse_column, columns or []):
+        merged[column.name] = column
+    table = table or base.get("table")
+    if not merged:
+        raise UsageError("a typed sink needs columns: --column 'NAME TYPE = SOURCE' or [columns] in --mapping")
+    if not table:
+        raise UsageError("a typed sink needs its table: --table [SCHEMA.]NAME, or table = in --mapping")
+    mapping = Mapping(table_name(table), tuple(merged.values()), mode or base.get("mode") or "insert",
+                      key or base.get("key") or (), on_tombstone or base.get("on_tombstone") or "dead-letter",
+                      bool(create_table or base.get("create_table")))
+    return validate(mapping)
+
+
+def validate(mapping: Mapping) -> Mapping:
+    if mapping.mode not in MODES:
+        raise UsageError(f"mode {mapping.mode!r}: use insert or upsert")
+    if mapping.on_tombstone not in TOMBSTONES:
+        raise UsageError(f"on_tombstone {mapping.on_tombstone!r}: use {', '.join(TOMBSTONES)}")
+    for name in mapping.key:
+        sql_identifier(name, "key column")
+    if len(set(mapping.key)) != len(mapping.key):
+        raise UsageError(f"key {list(mapping.key)} names a column twice")
+    mapping.check_key(mapping.key, "key")
+    return mapping
+
+
+def with_key(mapping: Mapping, key: tuple[str, ...]) -> Mapping:
+    """``mapping`` with key columns found in the table (its primary key), checked like the mapping's own."""
+    mapping.check_key(key, "the table's primary key")
+    return replace(mapping, key=key)

@@ -1,0 +1,118 @@
+"""A user's table as a typed sink meets it: its columns and unique keys, checked against the mapping.
+
+Everything is checked before a record is read: a mapped column missing from the table, a type
+that does not fit, a NOT NULL column nothing fills, an upsert key without a unique index — each
+is a usage error naming the column. ``create_table`` makes the table from the mapping instead.
+"""
+
+from dataclasses import dataclass
+
+from kdg.errors import UsageError
+from kdg.mapping.spec import Mapping, with_key
+
+_COLUMNS = """SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull AS not_null,
+                     a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS defaulted
+              FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+              ORDER BY a.attnum"""
+# unique indexes ON CONFLICT can use: no predicate, no expressions; key columns only (INCLUDE ones left out)
+_UNIQUE = """SELECT i.indisprimary AS is_primary, array_agg(a.attname::text ORDER BY k.n) AS columns
+             FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
+             JOIN pg_attribute a ON a.attrelid = i.indrelid AND a.attnum = k.attnum
+             WHERE i.indrelid = to_regclass($1) AND i.indisunique AND i.indisvalid AND i.indpred IS NULL
+               AND i.indexprs IS NULL AND k.n <= i.indnkeyatts
+             GROUP BY i.indexrelid, i.indisprimary"""
+
+
+@dataclass(frozen=True)
+class TableShape:
+    """What a typed sink needs to know of a table."""
+
+    types: dict[str, str]                                  # column → format_type()
+    unfilled: tuple[str, ...] = ()                         # NOT NULL columns with no default
+    unique_keys: tuple[frozenset, ...] = ()                # column sets of usable unique indexes
+    primary_key: tuple[str, ...] = ()
+
+    def has(self, column: str) -> bool:
+        return column in self.types
+
+
+async def inspect_table(conn, table) -> TableShape | None:
+    """The shape of ``table`` (a TableName), or None if there is no such table."""
+    kind = await conn.fetchval(
+        "SELECT c.relkind::text FROM pg_class c WHERE c.oid = to_regclass($1)", table.sql)
+    if kind is None:
+        return None
+    if kind not in ("r", "p"):
+        raise UsageError(f"{table.text} is not a table (relkind {kind!r}); a typed sink writes into tables only")
+    columns = await conn.fetch(_COLUMNS, table.sql)
+    unique = await conn.fetch(_UNIQUE, table.sql)
+    return TableShape(types={r["name"]: r["type"] for r in columns},
+                      unfilled=tuple(r["name"] for r in columns if r["not_null"] and not r["defaulted"]),
+                      unique_keys=tuple(frozenset(r["columns"]) for r in unique),
+                      primary_key=next((tuple(r["columns"]) for r in unique if r["is_primary"]), ()))
+
+
+def check_mapping(mapping: Mapping, shape: TableShape) -> Mapping:
+    """``mapping`` checked against the table, with its key columns resolved (the table's primary key if unset)."""
+    table = mapping.table.text
+    for column in mapping.columns:
+        if not shape.has(column.name):
+            raise UsageError(f'column "{column.name}" is not in table {table} (its columns: '
+                             f'{", ".join(shape.types)})')
+        found = shape.types[column.name]
+        if not column.type.fits(found):
+            raise UsageError(f'column "{column.name}": the mapping says {column.type.name}, '
+                             f"table {table} has {found}")
+    mapped = {c.name for c in mapping.columns}
+    unfilled = [c for c in shape.unfilled if c not in mapped]
+    if unfilled:
+        raise UsageError(f'column "{unfilled[0]}" of {table} is NOT NULL with no default, and the mapping '
+                         "does not fill it: map it with --column or [columns]")
+    if mapping.mode != "upsert" and mapping.on_tombstone != "delete":
+        return mapping
+    why = "upsert" if mapping.mode == "upsert" else "on_tombstone = delete"
+    if not mapping.key and not shape.primary_key:
+        raise UsageError(f"{why} needs key columns: key = [\"…\"] in --mapping, or a primary key on {table}")
+    resolved = mapping if mapping.key else with_key(mapping, shape.primary_key)
+    if mapping.mode == "upsert" and frozenset(resolved.key) not in shape.unique_keys:
+        cols = ", ".join(resolved.key)
+        raise UsageError(f"upsert on ({cols}) needs a primary key or unique index on exactly those columns of "
+                         f"{table}: CREATE UNIQUE INDEX ON {table} ({cols})")
+    return resolved
+
+
+def create_table_sql(mapping: Mapping) -> str:
+    """DDL of a table made from the mapping: each column with its type, the key columns as primary key."""
+    cols = [f"{c.sql} {c.type.name}" for c in mapping.columns]
+    if mapping.key:
+        cols.append(f"PRIMARY KEY ({', '.join(mapping.column(k).sql for k in mapping.key)})")
+    return f"CREATE TABLE IF NOT EXISTS {mapping.table.sql} ({', '.join(cols)})"
+
+
+async def schema_exists(conn, schema: str | None) -> bool:
+    return schema is None or await conn.fetchval(
+        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema)
+
+
+async def prepare_table(conn, mapping: Mapping, *, dry_run: bool = False) -> tuple[Mapping, TableShape | None]:
+    """Check ``mapping`` against its table, creating the table first if the mapping says so (not on a dry run).
+
+    Returns the mapping with its key resolved, and the table's shape (None: a dry run would create it).
+    """
+    table = mapping.table
+    shape = await inspect_table(conn, table)
+    if shape is None:
+        if not mapping.create_table:
+            raise UsageError(f"table {table.text} does not exist: create it, or pass --create-table "
+                             "(create_table = true) to make it from the mapping")
+        if not await schema_exists(conn, table.schema):
+            raise UsageError(f'schema "{table.schema}" does not exist; create it first (CREATE SCHEMA {table.schema})')
+        if not mapping.key and (mapping.mode == "upsert" or mapping.on_tombstone == "delete"):
+            why = "upsert" if mapping.mode == "upsert" else "on_tombstone = delete"
+            raise UsageError(f"--create-table: {why} needs key columns, the new table's primary key: "
+                             "key = [\"…\"] in --mapping")
+        if dry_run:
+            return mapping, None
+        await conn.execute(create_table_sql(mapping))
+        shape = await inspect_table(conn, table)
+    return check_mapping(mapping, shape), shape

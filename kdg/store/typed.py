@@ -1,0 +1,170 @@
+"""Typed sink writes: a batch staged as text, claimed (exactly-once), then cast into the user's table.
+
+Inside the caller's transaction:
+
+1. COPY the staged rows (:mod:`kdg.mapping.rows`) into a per-connection temp table;
+2. exactly-once: claim every row's idempotency key in ``kdg_dedup`` (the same claim the generic
+   sink makes) and drop the staged rows whose key was claimed before;
+3. ONE statement casts the staged values and writes them: ``insert``, or ``upsert`` (``INSERT …
+   ON CONFLICT (key) DO UPDATE``, the latest record of each key in Kafka order winning), with
+   tombstones deleting by key when asked.
+
+A statement Postgres refuses for a row's data (SQLSTATE class 22, a bad value or cast; class 23,
+a NOT NULL, CHECK, unique or foreign-key violation) is run again on each half of the rows, each
+under a savepoint, until the refused rows stand alone. Those come back as ``rejected`` for the
+sink to dead-letter; the rest are written in the same transaction, and stay claimed with them.
+"""
+
+import hashlib
+from dataclasses import dataclass, field
+
+import asyncpg
+
+from kdg.mapping.rows import STAGE_PREFIX
+from kdg.mapping.spec import Mapping
+
+ROW_ERROR_CLASSES = ("22", "23")  # data exceptions and integrity violations: the row, not the server
+_LAST = 2**31 - 1
+
+# Claim each staged key in kdg_dedup; the generic sink's fallback path uses the same statement.
+CLAIM = """INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
+           SELECT $1, idempotency_key, topic, "partition", "offset" FROM {stage}
+           ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset\""""
+
+
+@dataclass(frozen=True)
+class TypedTarget:
+    """A mapping checked against its table (key resolved), and the SQL that writes it. Picklable."""
+
+    mapping: Mapping
+
+    @property
+    def stage(self) -> str:
+        layout = ",".join(c.type.staged for c in self.mapping.columns)
+        return f"kdg_tstage_{hashlib.sha1(layout.encode()).hexdigest()[:10]}"
+
+    @property
+    def copy_columns(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in STAGE_PREFIX) + tuple(f"c{i}" for i in range(len(self.mapping.columns)))
+
+    def stage_ddl(self) -> str:
+        cols = [f'"{name}" {pg_type}' for name, pg_type in STAGE_PREFIX]
+        cols += [f"c{i} {c.type.staged}" for i, c in enumerate(self.mapping.columns)]
+        return f"CREATE TEMP TABLE IF NOT EXISTS {self.stage} ({', '.join(cols)}) ON COMMIT DELETE ROWS"
+
+    def claim_sql(self) -> str:
+        """Claim the staged keys; delete the staged rows whose key was claimed already (a duplicate)."""
+        return f"""WITH claimed AS ({CLAIM.format(stage=self.stage)})
+                   DELETE FROM {self.stage} s WHERE NOT EXISTS (
+                       SELECT 1 FROM claimed c WHERE c.idempotency_key = s.idempotency_key
+                       AND c."partition" = s."partition" AND c."offset" = s."offset")"""
+
+    def write_sql(self) -> list[str]:
+        """The statements writing the staged rows with ``$1 <= seq <= $2`` (the last one's count is rows written)."""
+        m = self.mapping
+        target, names = m.table.sql, ", ".join(c.sql for c in m.columns)
+        deleting = m.on_tombstone == "delete"
+        if m.mode == "upsert":
+            return [self._upsert_sql(deleting)]
+        insert = (f"INSERT INTO {target} ({names}) SELECT {self._casts('s')} FROM {self.stage} s "
+                  f"WHERE s.seq BETWEEN $1 AND $2 AND NOT s.tomb")
+        if not deleting:
+            return [insert + " ORDER BY s.seq"]
+        # rows after a key's last tombstone in the range survive it; everything before is deleted
+        later_tomb = (f"SELECT 1 FROM {self.stage} x WHERE x.tomb AND x.seq > s.seq AND x.seq <= $2 AND "
+                      + " AND ".join(f"{self._key_cast(k, 'x')} = {self._key_cast(k, 's')}" for k in m.key))
+        keys = ", ".join(f"{self._key_cast(k, 's')} AS k{i}" for i, k in enumerate(m.key))
+        delete = (f"DELETE FROM {target} t USING (SELECT DISTINCT {keys} FROM {self.stage} s "
+                  f"WHERE s.tomb AND s.seq BETWEEN $1 AND $2) d WHERE "
+                  + " AND ".join(f"t.{m.column(k).sql} = d.k{i}" for i, k in enumerate(m.key)))
+        return [delete, f"{insert} AND NOT EXISTS ({later_tomb}) ORDER BY s.seq"]
+
+    def _upsert_sql(self, deleting: bool) -> str:
+        m = self.mapping
+        target, names = m.table.sql, ", ".join(c.sql for c in m.columns)
+        keys = [self._key_cast(k, "s") for k in m.key]
+        # rows with a NULL key never merge: each stands alone (and fails, or not, on its own)
+        guard = f"CASE WHEN {' OR '.join(f's.c{self._index(k)} IS NULL' for k in m.key)} THEN s.seq END"
+        latest = (f"SELECT DISTINCT ON ({', '.join(keys)}, {guard}) s.* FROM {self.stage} s "
+                  f"WHERE s.seq BETWEEN $1 AND $2{'' if deleting else ' AND NOT s.tomb'} "
+                  f"ORDER BY {', '.join(keys)}, {guard}, s.seq DESC")
+        others = [c for c in m.columns if c.name not in m.key]
+        update = ("DO UPDATE SET " + ", ".join(f"{c.sql} = EXCLUDED.{c.sql}" for c in others)) if others \
+            else "DO NOTHING"
+        gone = ""
+        if deleting:
+            gone = (f", gone AS (DELETE FROM {target} t USING latest l WHERE l.tomb AND "
+                    + " AND ".join(f"t.{m.column(k).sql} = {self._key_cast(k, 'l')}" for k in m.key) + ")")
+        conflict = ", ".join(m.column(k).sql for k in m.key)
+        return (f"WITH latest AS ({latest}){gone} INSERT INTO {target} ({names}) "
+                f"SELECT {self._casts('l')} FROM latest l WHERE NOT l.tomb ON CONFLICT ({conflict}) {update}")
+
+    def _index(self, name: str) -> int:
+        return next(i for i, c in enumerate(self.mapping.columns) if c.name == name)
+
+    def _key_cast(self, name: str, alias: str) -> str:
+        return self.mapping.column(name).type.cast(f"{alias}.c{self._index(name)}")
+
+    def _casts(self, alias: str) -> str:
+        return ", ".join(c.type.cast(f"{alias}.c{i}") for i, c in enumerate(self.mapping.columns))
+
+
+@dataclass
+class TypedResult:
+    written: int = 0               # rows inserted or updated
+    duplicates: int = 0            # exactly-once: rows whose key was claimed before
+    rejected: list = field(default_factory=list)  # (seq, sqlstate, message) of rows Postgres refused
+
+
+async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: list[tuple], *,
+                      claim_table: str | None) -> TypedResult:
+    """Stage, claim (when ``claim_table`` names the sink in kdg_dedup) and write ``rows``, in the open transaction."""
+    result = TypedResult()
+    if not rows:
+        return result
+    await conn.copy_records_to_table(target.stage, records=rows, columns=target.copy_columns)
+    if claim_table is not None:
+        result.duplicates = int((await conn.execute(target.claim_sql(), claim_table)).split()[-1])
+        if result.duplicates == len(rows):
+            return result
+    statements = target.write_sql()
+    seqs: list[int] | None = None
+
+    async def attempt(lo: int, hi: int) -> int:
+        async with conn.transaction():  # a savepoint: a refused statement takes back only itself
+            status = ""
+            for sql in statements:
+                status = await conn.execute(sql, lo, hi)
+            return int(status.split()[-1])
+
+    async def bisect(i: int, j: int) -> None:
+        try:
+            result.written += await attempt(seqs[i], seqs[j])
+        except asyncpg.PostgresError as exc:
+            if not _row_error(exc):
+                raise
+            if i == j:
+                result.rejected.append((seqs[i], exc.sqlstate, _message(exc)))
+                return
+            middle = (i + j) // 2
+            await bisect(i, middle)
+            await bisect(middle + 1, j)
+
+    try:
+        result.written = await attempt(0, _LAST)
+    except asyncpg.PostgresError as exc:
+        if not _row_error(exc):
+            raise
+        seqs = [r["seq"] for r in await conn.fetch(f"SELECT seq FROM {target.stage} ORDER BY seq")]
+        await bisect(0, len(seqs) - 1)
+    return result
+
+
+def _row_error(exc: asyncpg.PostgresError) -> bool:
+    return (exc.sqlstate or "")[:2] in ROW_ERROR_CLASSES
+
+
+def _message(exc: asyncpg.PostgresError) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    detail = getattr(exc, "detail", None)
+    return f"{text} ({detail})" if detail else text
