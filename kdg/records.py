@@ -54,7 +54,8 @@ class Record:
     timestamp: int | None = None
 
     def header(self, name: str) -> bytes | None:
-        for k, v in self.headers:
+        """The value of header ``name``; of a repeated name the last, as the jsonb headers column and Spark keep it."""
+        for k, v in reversed(self.headers):
             if k == name:
                 return v
         return None

@@ -76,7 +76,8 @@ def test_stamp_adds_a_key_and_a_sequence_only_when_missing():
     assert (key, seq) == ("order-41", 41)
     assert fresh.headers == [("x", b"1"), ("kdg-id", b"order-41"), ("kdg-seq", b"41")]
     replayed = Record(b"v", headers=[("kdg-seq", b"7"), ("kdg-id", b"first"), ("kdg-id", b"second")])
-    assert _stamp(replayed, 0, id_maker(None)) == ("first", 7)  # the first header counts, as Record.header reads
+    # the last of a repeated header counts, as the audit's dict(), jsonb and Spark's LAST_WIN map read it
+    assert _stamp(replayed, 0, id_maker(None)) == ("second", 7)
     assert len(replayed.headers) == 3
     odd = Record(b"v", headers=[("kdg-id", None), ("kdg-seq", b"not-a-number")])
     key, seq = _stamp(odd, 5, id_maker("k-{seq}"))

@@ -4,7 +4,7 @@
     json:/a/b           a JSON Pointer (RFC 6901) into the value: ``~1`` is ``/``, ``~0`` is ``~``
     key                 the record key as UTF-8 text
     key:FIELD, key:/p   the record key parsed as JSON, then a field or a pointer as above
-    header:NAME         a header's value as UTF-8 text (the first header of that name)
+    header:NAME         a header's value as UTF-8 text (the last header of that name)
     topic, partition, offset, timestamp, idempotency_key      the record's metadata
 
 A FIELD that begins with ``/`` is read as a pointer (``json:/~1x`` names a top-level field ``/x``).
