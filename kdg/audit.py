@@ -224,10 +224,11 @@ def _load_positions(store, conn: Connection, topic: str, group: str | None) -> b
 
 
 def _kafka_committed(conn: Connection, topic: str, group: str) -> dict[int, int | None]:
-    from confluent_kafka import KafkaException, TopicPartition
+    from confluent_kafka import KafkaException
 
     from kdg.kafka.admin import topic_partitions
     from kdg.kafka.clients import reader
+    from kdg.kafka.consumer import committed_offsets
 
     try:
         partitions = topic_partitions(conn.bootstrap_servers, topic, conn.extra)
@@ -235,9 +236,8 @@ def _kafka_committed(conn: Connection, topic: str, group: str) -> dict[int, int 
         return {}
     consumer = reader(conn.bootstrap_servers, conn.extra, group=group)
     try:
-        found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+        return committed_offsets(consumer, topic, partitions)
     except KafkaException as exc:
         raise ConnectionFailed(f"cannot read group {group!r}'s committed offsets: {exc.args[0].str()}") from exc
     finally:
         consumer.close()
-    return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}

@@ -1,5 +1,7 @@
 """The one module that owns confluent-kafka's Consumer: config from the policy, batches, offsets, rebalances."""
 
+import time
+
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaError, KafkaException, TopicPartition
 
 from kdg.errors import DeliveryError, UsageError
@@ -8,6 +10,30 @@ from kdg.kafka.clients import Role, client_config, new_consumer
 
 _REBALANCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
                KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST, KafkaError._NO_OFFSET}
+
+
+# the group coordinator moving or still loading its offsets, or a slow answer: asking again is the fix
+_TRANSIENT = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+              KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT}
+
+
+def committed_offsets(consumer, topic: str, partitions: list[int], give_up_after: float = 30) -> dict[int, int | None]:
+    """The group's committed next offsets of ``partitions`` (None: never committed), read with ``consumer``.
+
+    Right after a broker restart or a consumer crash the group's coordinator may be moving or
+    loading ("Not coordinator"): such answers are asked again for ``give_up_after`` seconds, then
+    the last KafkaException is raised.
+    """
+    deadline = time.monotonic() + give_up_after
+    while True:
+        try:
+            found = consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+            return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}
+        except KafkaException as exc:
+            err = exc.args[0]
+            if not (err.retriable() or err.code() in _TRANSIENT) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.5)
 
 
 class StartOffset:
@@ -112,10 +138,9 @@ class KdgConsumer:
     def committed(self, topic: str, partitions: list[int]) -> dict[int, int | None]:
         """The group's next offsets in Kafka for ``partitions`` (held by this member or not); None if never committed."""
         try:
-            found = self._consumer.committed([TopicPartition(topic, p) for p in partitions], timeout=10)
+            return committed_offsets(self._consumer, topic, partitions)
         except KafkaException as exc:
             raise DeliveryError(f"cannot read the group's committed offsets: {exc.args[0].str()}") from exc
-        return {tp.partition: tp.offset if tp.offset >= 0 else None for tp in found}
 
     def commit(self, next_offsets: dict[tuple[str, int], int]) -> bool:
         """Synchronously commit ``{(topic, partition): next_offset}``.
