@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable
 
 from kdg import faults
-from kdg.errors import Fenced, RetryBatch, UsageError
+from kdg.errors import ConnectionFailed, Fenced, RetryBatch, UsageError
 from kdg.guarantees import CommitMode, policy_for
 from kdg.kafka.admin import topic_partitions
 from kdg.kafka.consumer import KdgConsumer, StartOffset
@@ -41,6 +41,8 @@ class ConsumeRequest:
     handler: str | None = None        # module:function
     transactional_id: str | None = None
     progress: Callable[[int], None] | None = None
+    pg_wait: float = 120.0            # how long to wait for a Postgres that went away, before giving up
+    notice: Callable[[str], None] = lambda text: None  # status lines (Postgres retries)
 
 
 @dataclass
@@ -55,6 +57,9 @@ class ConsumeReport:
     dead_lettered: int = 0
     batches: int = 0
     fenced_batches: int = 0          # batches refused because this member had lost their partitions
+    pg_outages: int = 0              # times Postgres went away mid-batch and came back
+    pg_outage_s: float = 0.0         # seconds spent waiting for it
+    lost_in_outages: int = 0         # records of batches committed before a write that Postgres never saw
     duration_s: float = 0.0
     msgs_per_s: float = 0.0
     stopped_by: str = ""
@@ -247,9 +252,28 @@ def _handle(msgs, req, policy, resolver, offsets, sink, report) -> None:
         report.fenced_batches += 1
         offsets.rewind(batch)
         return
+    except ConnectionFailed as exc:
+        if not getattr(sink, "lost_connection", lambda: False)():
+            raise
+        _wait_for_postgres(exc, batch, req, offsets, sink, report)
+        return
     offsets.after_write(batch)
     report.consumed += len(batch)
     report.batches += 1
     report.processed += len(batch.records) - result.dead_lettered
     report.duplicates_suppressed += result.duplicates_suppressed
     report.dead_lettered += len(batch.dead) + result.dead_lettered
+
+
+def _wait_for_postgres(exc, batch, req, offsets, sink, report) -> None:
+    """Postgres went away mid-batch: not the records' fault, so no dead letters — wait, then read on."""
+    req.notice(f"{exc}; reconnecting for up to {req.pg_wait:g} s")
+    report.pg_outages += 1
+    waited = sink.reconnect(req.pg_wait, req.notice)
+    report.pg_outage_s = round(report.pg_outage_s + waited, 3)
+    again = offsets.resume_after_outage(batch)
+    if not again:
+        report.lost_in_outages += len(batch.records)
+    req.notice(f"Postgres is back after {waited:.1f} s; " + (
+        "reading on from the stored offsets" if again else
+        f"{len(batch.records)} records of the batch in flight are not written (their offsets were committed first)"))

@@ -65,6 +65,22 @@ class OffsetProtocol:
         for (topic, partition), offset in batch.first_offsets.items():
             self.consumer.seek(topic, partition, offset)
 
+    def resume_after_outage(self, batch: Batch) -> bool:
+        """The sink lost Postgres while writing ``batch`` and is back: where to read on from.
+
+        The batch's transaction may have committed or not (the answer was lost with the
+        connection). Where the sink keeps the offsets, its stored offsets say which, so the batch
+        is read again from there; under ``after-processing`` it is read again (a duplicate if it
+        had committed); under ``before-processing`` its offsets were committed before the write,
+        so it is not read again. Returns whether the batch will be read again.
+        """
+        if self.mode is CommitMode.BEFORE_PROCESSING:
+            return False
+        stored = self.sink.stored_offsets() if self.in_sink else {}
+        for (topic, partition), first in batch.first_offsets.items():
+            self.consumer.seek(topic, partition, stored.get(partition, first))
+        return True
+
     def stored(self, partitions: list[int]) -> dict[int, int | None]:
         """The group's stored next offset of each partition, wherever the policy keeps them."""
         if self.in_sink:

@@ -158,6 +158,8 @@ def consume(
     handler: Annotated[Optional[str], typer.Option(help="module:function called with each batch (and the open "
                        "Postgres connection, inside the transaction).")] = None,
     transactional_id: Annotated[Optional[str], typer.Option(help="kafka sink, exactly-once: transactional.id.")] = None,
+    pg_wait: Annotated[float, typer.Option(help="Seconds to keep reconnecting while Postgres is unreachable, "
+                       "restarting or out of connections, before giving up (exit 5).")] = 120.0,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
@@ -171,7 +173,7 @@ def consume(
     if not group.strip():
         raise UsageError("--group must not be empty")
     _check_min(("-c", count, 1), ("--batch-size", batch_size, 1), ("--idle-timeout", idle_timeout, 0),
-               ("--max-bytes", max_bytes, 0))
+               ("--max-bytes", max_bytes, 0), ("--pg-wait", pg_wait, 0))
     typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
                           create_table=create_table)  # a bad mapping is refused before anything is read
     table = typed.table.text if typed is not None else table_name(table or "kdg_events").text
@@ -181,7 +183,8 @@ def consume(
                          sink=sink, table=table, mapping=typed, fmt=fmt, id_from=id_from, count=count,
                          exit_at_end=exit_at_end,
                          idle_timeout=idle_timeout, start=offset, batch_size=batch_size, max_bytes=max_bytes,
-                         handler=handler, transactional_id=transactional_id, progress=progress)
+                         handler=handler, transactional_id=transactional_id, progress=progress, pg_wait=pg_wait,
+                         notice=lambda text: err_console.print(text, style="warn", markup=False, highlight=False))
     report = _run_with_bar(bar, run_consume, req)
     if as_json:
         print_json(report)

@@ -51,5 +51,13 @@ class PostgresSink:
                                          before_commit=lambda: faults.reach("inside-pg-transaction"))
         return WriteResult(written, 0)
 
+    def lost_connection(self) -> bool:
+        """Whether a failed write means Postgres went away (wait for it) rather than refused something."""
+        return self.store.lost()
+
+    def reconnect(self, give_up_after: float, notice) -> float:
+        """Wait for Postgres to answer again (backing off, ``notice`` told each retry); seconds waited."""
+        return self.store.reconnect(give_up_after, notice)
+
     def close(self) -> None:
         self.store.close()

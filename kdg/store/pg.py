@@ -7,6 +7,8 @@ event loop, so it can be used from confluent-kafka callbacks and Spark tasks ali
 
 import asyncio
 import json
+import time
+from typing import Callable
 
 import asyncpg
 
@@ -52,6 +54,42 @@ class Store:
         except asyncpg.PostgresError as exc:
             raise PostgresRefused(f"Postgres refused a statement ({exc.sqlstate} {type(exc).__name__}): "
                                   f"{str(exc).splitlines()[0]}") from exc
+
+    def lost(self) -> bool:
+        """Whether the connection is gone (the server went away), as opposed to a statement failing."""
+        return self.conn.is_closed()
+
+    def reconnect(self, give_up_after: float, notice: Callable[[str], None] = lambda text: None) -> float:
+        """Connect again after :meth:`lost`, backing off until Postgres answers; returns the seconds waited.
+
+        Postgres restarting, in recovery or out of connections is waited for; after
+        ``give_up_after`` seconds the last error is raised as :class:`ConnectionFailed`.
+        Per-session state (the temp staging tables) is made again on the new connection.
+        """
+        self.conn.terminate()
+        started, delay, attempt = time.monotonic(), 0.25, 0
+        while True:
+            attempt += 1
+            try:
+                conn = self._run(connect(self.dsn, timeout=5))
+                try:
+                    self._run(conn.execute(_STAGE))
+                except BaseException:
+                    conn.terminate()
+                    raise
+                break
+            except ConnectionFailed as exc:
+                waited = time.monotonic() - started
+                if waited + delay > give_up_after:
+                    raise ConnectionFailed(f"Postgres did not come back within {give_up_after:g} s "
+                                           f"(attempt {attempt}): {exc}") from exc
+                notice(f"Postgres unreachable (attempt {attempt}, {waited:.1f} s): {exc}; "
+                       f"retrying in {delay:g} s")
+                time.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self.conn = conn
+        self._stages.clear()
+        return time.monotonic() - started
 
     def close(self) -> None:
         """Close the connection and the private loop; a second call does nothing."""
