@@ -8,7 +8,7 @@ from kdg.errors import ConnectionFailed, UnknownTopic, UsageError
 from kdg.records import ID_HEADER
 from kdg.settings import Connection, table_name
 from kdg.sinks import parse_sink
-from kdg.sinks.dead_letters import dlq_topic
+from kdg.sinks.dead_letters import REASON_HEADER, SQLSTATE_HEADER, dlq_topic
 
 EXAMPLES = 5
 IDLE_LIMIT_S = 15  # an open transaction can hold read_committed readers back; do not wait forever
@@ -32,6 +32,7 @@ class AuditReport:
     basis: str = "sink rows"    # what the sink's keys were counted from
     note: str | None = None     # what that basis can and cannot tell
     pending_by_partition: dict = field(default_factory=dict)
+    dead_letter_reasons: dict = field(default_factory=dict)  # {reason without particulars: keys (keyless: records)}
     examples: dict = field(default_factory=dict)
 
     @property
@@ -96,12 +97,49 @@ _TOTALS = f"""SELECT count(*) FILTER (WHERE ok) AS acked,
 def _load_topic_keys(store, name: str, conn: Connection, topic: str) -> None:
     """Stream the ``kdg-id`` headers of ``topic`` into temp table ``name``, a batch at a time."""
     store.execute(_KEYS.format(name=name))
-    for keys in iter_topic_keys(conn.bootstrap_servers, topic, conn.extra):
-        store.copy_rows(name, [(k,) for k in keys], ("idempotency_key",))
+    for found in iter_topic_headers(conn.bootstrap_servers, topic, conn.extra, (ID_HEADER,)):
+        store.copy_rows(name, [k for k in found if k[0] is not None], ("idempotency_key",))
 
 
-def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[str]]:
-    """Yield the ``kdg-id`` headers of ``topic`` (read_committed), a batch at a time, beginning to end."""
+def _load_dead_letters(store, conn: Connection, topic: str) -> None:
+    """Stream the dead-letter topic into temp table ``kdg_audit_dead``: each record's key and grouped reason."""
+    store.execute("CREATE TEMP TABLE kdg_audit_dead (idempotency_key text, reason text NOT NULL)")
+    for found in iter_topic_headers(conn.bootstrap_servers, dlq_topic(topic), conn.extra,
+                                    (ID_HEADER, REASON_HEADER, SQLSTATE_HEADER)):
+        store.copy_rows("kdg_audit_dead", [(key, reason_group(reason, state)) for key, reason, state in found],
+                        ("idempotency_key", "reason"))
+
+
+def reason_group(reason: str | None, sqlstate: str | None) -> str:
+    """A dead letter's reason without its particulars, to count alike ones together.
+
+    ``oversize: 2000000 bytes > 1048576`` → ``oversize``; a row Postgres refused → its SQLSTATE and
+    condition name, e.g. ``postgres refused the row: 23514 check_violation``.
+    """
+    if sqlstate:
+        return f"postgres refused the row: {sqlstate} {_condition(sqlstate)}".rstrip()
+    if not reason:
+        return "(no reason header)"
+    return reason.split(":", 1)[0][:80]
+
+
+def _condition(sqlstate: str) -> str:
+    """Postgres's condition name for a SQLSTATE (as asyncpg names its exception classes), or ''."""
+    import re
+
+    import asyncpg
+
+    found = [asyncpg.PostgresError]
+    for cls in found:
+        if getattr(cls, "sqlstate", None) == sqlstate:
+            return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__.removesuffix("Error")).lower()
+        found.extend(cls.__subclasses__())
+    return ""
+
+
+def iter_topic_headers(bootstrap: str, topic: str, extra: dict, names: tuple[str, ...]) -> Iterator[list[tuple]]:
+    """Yield, per record of ``topic`` (read_committed, beginning to end), a batch at a time, the
+    values of the headers ``names`` as text (the last of a repeated name; None when absent)."""
     from confluent_kafka import KafkaError, TopicPartition
 
     from kdg.kafka.admin import topic_partitions, watermarks
@@ -120,19 +158,18 @@ def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[st
             msgs = consumer.consume(10_000, 1.0)
             if msgs:
                 idle_since = time.monotonic()
-            keys = []
+            found = []
             for msg in msgs:
                 if msg.error():
                     if msg.error().code() == KafkaError._PARTITION_EOF:
                         continue
                     raise ConnectionFailed(f"cannot read {topic!r} to its end: {msg.error().str()}")
-                key = dict(msg.headers() or []).get(ID_HEADER)
-                if key is not None:
-                    keys.append(key.decode(errors="replace").replace("\x00", "\ufffd"))  # text holds no NUL
+                headers = dict(msg.headers() or [])
+                found.append(tuple(_text(headers.get(name)) for name in names))
                 if msg.offset() + 1 >= ends[msg.partition()][1]:
                     todo.discard(msg.partition())
-            if keys:
-                yield keys
+            if found:
+                yield found
             # a partition whose last offsets are transaction markers never yields its end offset
             for p in list(todo):
                 pos = consumer.position([TopicPartition(topic, p)])[0].offset
@@ -145,6 +182,10 @@ def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[st
         consumer.close()
 
 
+def _text(value: bytes | None) -> str | None:
+    return None if value is None else value.decode(errors="replace").replace("\x00", "\ufffd")  # text holds no NUL
+
+
 def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: str = "kdg_events",
               group: str | None = None) -> AuditReport:
     from kdg.store.pg import Store
@@ -155,7 +196,7 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
     vet_unguarded(conn.bootstrap_servers, conn.extra)  # a property the audit's readers refuse, refused up front
     report = AuditReport(topic=topic, sink=sink, group=group)
     with Store(conn.pg_dsn) as store:
-        _load_topic_keys(store, "kdg_audit_dead", conn, dlq_topic(topic))
+        _load_dead_letters(store, conn, topic)
         if kind == "kafka":
             _load_topic_keys(store, "kdg_audit_got", conn, out_topic)
             got = _GOT_TOPIC
@@ -169,6 +210,9 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
         store.execute(_JOIN.format(got=got), topic, known, *got_args)
         for name, value in store.fetch(_TOTALS)[0].items():
             setattr(report, name, value)
+        report.dead_letter_reasons = {r["reason"]: r["n"] for r in store.fetch(
+            "SELECT reason, count(DISTINCT idempotency_key) + count(*) FILTER (WHERE idempotency_key IS NULL) AS n "
+            "FROM kdg_audit_dead GROUP BY reason ORDER BY n DESC, reason")}
         report.pending_by_partition = {r["p"]: r["n"] for r in store.fetch(
             f'SELECT p, count(*) AS n FROM kdg_audit WHERE {_EXAMPLES["pending"]} GROUP BY p ORDER BY p')}
         report.examples = {name: [r["k"] for r in store.fetch(

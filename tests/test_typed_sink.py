@@ -196,6 +196,10 @@ def assert_seven_refused(kdg, conn, topic, table, group) -> None:
     audit = audited(kdg, topic, "--table", table, "-G", group)
     assert (audit["acked"], audit["dead_lettered"], audit["lost"], audit["pending"], audit["duplicates"]) == (
         1000, 7, 0, 0, 0) and audit["balanced"], audit
+    assert audit["dead_letter_reasons"] == {"postgres refused the row: 23514 check_violation": 4,
+                                            "postgres refused the row: 22P02 invalid_text_representation": 3}
+    text = kdg("audit", topic, "--table", table, "-G", group).stdout
+    assert "dead-lettered        4  postgres refused the row: 23514 check_violation" in text, text
 
 
 @pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])

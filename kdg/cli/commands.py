@@ -273,8 +273,10 @@ def audit(
     if as_json:
         print_json(report)
     else:
-        rows = {k: v for k, v in report.to_dict().items() if k != "examples"}
+        rows = {k: v for k, v in report.to_dict().items() if k not in ("examples", "dead_letter_reasons")}
         console.print(key_value_table(f"audit {topic} → {sink}", rows))
+        for reason, n in report.dead_letter_reasons.items():
+            console.print(f"dead-lettered {n:>8}  {reason}", markup=False, highlight=False)
         for kind, ids in report.examples.items():
             if ids:
                 console.print(f"[warn]{kind}[/warn] e.g. {', '.join(ids)}")
