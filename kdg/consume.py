@@ -12,7 +12,8 @@ from kdg.errors import ConnectionFailed, Fenced, RetryBatch, UsageError
 from kdg.guarantees import CommitMode, policy_for
 from kdg.kafka.admin import topic_partitions
 from kdg.kafka.consumer import KdgConsumer, StartOffset
-from kdg.mapping import Mapping, parse_source
+from kdg.keys import KeyResolver
+from kdg.mapping import Mapping
 from kdg.offsets import OffsetProtocol, TopicEnd
 from kdg.records import Record
 from kdg.settings import Connection
@@ -67,38 +68,6 @@ class ConsumeReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-class KeyResolver:
-    """Finds a record's idempotency key: the ``kdg-id`` header, else what ``--id-from`` says.
-
-    ``json:FIELD`` and ``json:/POINTER`` are read by the typed sink's own sources
-    (:mod:`kdg.mapping.sources`), so a key and a column read the same field the same way.
-    """
-
-    def __init__(self, id_from: str | None):
-        self.kind, self.arg, self.source = None, None, None
-        if id_from:
-            kind, sep, arg = id_from.partition(":")
-            if kind not in ("header", "json", "offset") or (bool(sep) if kind == "offset" else not arg):
-                raise UsageError(f"--id-from {id_from!r}: use header:NAME, json:FIELD, json:/POINTER or offset")
-            self.kind, self.arg = kind, arg
-            if kind == "json":
-                self.source = parse_source(id_from, "--id-from")
-
-    def key(self, rec: Record) -> str | None:
-        """The key, or None if the record has none; raises ValueError if ``json:`` cannot parse it."""
-        found = rec.idempotency_key
-        if found is not None:
-            return found
-        if self.kind == "header":
-            raw = rec.header(self.arg)
-            return raw.decode("utf-8", "replace") if raw is not None else None
-        if self.kind == "json":
-            return self.source.text_of(rec)
-        if self.kind == "offset":
-            return f"{rec.topic}/{rec.partition}/{rec.offset}"
-        return None
 
 
 def load_handler(spec: str | None):

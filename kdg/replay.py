@@ -100,7 +100,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
                               {p: {"from": s, "to": e} for p, (s, e) in ranges.items()},
                               recorded="before writing" if record_first else "after writing")
         spec = WriteSpec(req.conn.pg_dsn, table, req.group, policy.dedup, req.chunk_rows,
-                         typed=typed,
+                         typed=typed, id_from=req.id_from if id_kind == "json" else None,
                          dead_letters=DeadLetterSpec(policy.guarantee.value, req.conn.bootstrap_servers, req.topic,
                                                      req.conn.extra))
         try:
@@ -120,11 +120,13 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
 
 
 def _id_from(spec: str | None) -> tuple[str | None, str | None]:
-    from kdg.consume import KeyResolver
+    """``--id-from`` checked: a header name goes into Spark SQL, so it is held to a safe alphabet; a JSON
+    field or pointer is read by the executors in Python (:mod:`kdg.keys`), exactly as `kdg consume` reads it."""
+    from kdg.keys import KeyResolver
 
     resolver = KeyResolver(spec)  # one parser for --id-from, shared with `kdg consume`
-    if resolver.arg is not None and not _SAFE_NAME.match(resolver.arg):
-        raise UsageError(f"--id-from {spec!r}: a header or JSON field name may use letters, digits, '_', '.', '-'")
+    if resolver.kind == "header" and not _SAFE_NAME.match(resolver.arg):
+        raise UsageError(f"--id-from {spec!r}: a header name may use letters, digits, '_', '.', '-'")
     return resolver.kind, resolver.arg
 
 

@@ -132,13 +132,22 @@ def test_records_without_a_key_stop_exactly_once_but_not_the_weaker_guarantees(k
 
     topic = _one_partition_topic(conn)
     producer = Producer({"bootstrap.servers": conn.bootstrap_servers, "log_level": 2})
-    for seq in range(50):
-        producer.produce(topic, json.dumps({"order": f"o-{seq % 25}"}).encode())
+    for seq in range(50):  # the amount is a JSON number written with a trailing zero
+        producer.produce(topic, f'{{"order": "o-{seq % 25}", "ref": {{"amount": {seq % 25}.50}}}}'.encode())
     producer.flush(30)
     refused = _replay(kdg, topic, "-g", "exactly-once", "--table", _table(), check=False)
     assert refused.returncode == 2 and "no kdg-id header" in refused.stderr, refused.stderr
     keyed = as_json(_replay(kdg, topic, "-g", "exactly-once", "--table", _table(), "--id-from", "json:order"))
     assert (keyed["rows_read"], keyed["rows_written"], keyed["duplicates_dropped"]) == (50, 25, 25)
+    # a JSON Pointer, read by the executors with kdg consume's own resolver: the number as written
+    replayed, consumed = _table(), _table()
+    keyed = as_json(_replay(kdg, topic, "-g", "exactly-once", "--table", replayed, "--id-from", "json:/ref/amount"))
+    assert (keyed["rows_read"], keyed["rows_written"], keyed["duplicates_dropped"]) == (50, 25, 25)
+    kdg("consume", topic, "-G", f"g-{uuid.uuid4().hex[:8]}", "-g", "exactly-once", "-e", "--table", consumed,
+        "--id-from", "json:/ref/amount")
+    with Store(conn.pg_dsn) as store:
+        found = [{r["k"] for r in store.fetch(f"SELECT idempotency_key AS k FROM {t}")} for t in (replayed, consumed)]
+    assert found[0] == found[1] == {f"{n}.50" for n in range(25)}, found
     plain = as_json(_replay(kdg, topic, "-g", "at-least-once", "--table", _table()))
     assert plain["rows_written"] == 50  # keyed by topic/partition/offset
 
@@ -152,7 +161,7 @@ def test_bad_input_is_refused_before_spark_starts_and_records_nothing(kdg, conn,
         (topic, "--from", "latest"): (2, "nothing to replay"),
         (topic, "--from", "yesterday"): (2, "--from 'yesterday'"),
         (topic, "--table", "Robert'); DROP TABLE x"): (2, "must match"),
-        (topic, "--id-from", "json:a'b"): (2, "--id-from"),
+        (topic, "--id-from", "header:a'b"): (2, "--id-from"),
         (topic, "--conf", "spark.task.maxFailures=9"): (2, "spark.task.maxFailures"),
         (topic, "--pg-dsn", "postgresql://kdg:s3cret-pw@127.0.0.1:1/kdg"): (5, "cannot reach Postgres"),
     }

@@ -41,15 +41,13 @@ def key_expression(id_kind: str | None, id_arg: str | None, *, required: bool) -
     """Spark SQL for the idempotency key: the kdg-id header, else what ``--id-from`` names.
 
     Without either, a weaker guarantee falls back to topic/partition/offset (as `kdg consume` does);
-    exactly-once leaves it NULL so the writer refuses the record.
+    exactly-once leaves it NULL so the writer refuses the record. A ``json:`` key is left NULL here:
+    the executors read it (and fall back) in Python, as `kdg consume` does (``WriteSpec.id_from``).
     """
     fallbacks = [_header(ID_HEADER)]
     if id_kind == "header":
         fallbacks.append(_header(id_arg))
-    elif id_kind == "json":
-        # bracket notation: the field name is taken literally, dots included, as `kdg consume` does
-        fallbacks.append(f"get_json_object(cast(value as string), '$[\\'{id_arg}\\']')")
-    if id_kind == "offset" or not required:
+    if id_kind == "offset" or (not required and id_kind != "json"):
         fallbacks.append("concat_ws('/', topic, cast(partition as string), cast(offset as string))")
     return f"coalesce({', '.join(fallbacks)})"
 

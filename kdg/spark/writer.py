@@ -39,6 +39,17 @@ class WriteSpec:
     chunk_rows: int        # rows per Postgres transaction
     typed: "object | None" = None            # a TypedTarget: the user's table, through a mapping
     dead_letters: DeadLetterSpec | None = None
+    id_from: str | None = None             # a json: key, read here in Python where the kdg-id header is missing
+
+
+def _keys(spec: WriteSpec):
+    """``fill(key, record)``: the key Spark SQL found, else ``--id-from json:…`` (None: no such option)."""
+    if spec.id_from is None:
+        return None
+    from kdg.keys import KeyResolver
+
+    resolver = KeyResolver(spec.id_from)
+    return lambda key, rec: key if key is not None else resolver.key_or_fallback(rec, fallback=not spec.dedup)
 
 
 def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
@@ -57,6 +68,7 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
     read = written = dropped = chunks = 0
     seen: set[str] = set()
     pending: list[tuple] = []
+    fill = _keys(spec)
     with Store(spec.dsn) as store:
         def flush() -> None:
             nonlocal written, dropped, chunks
@@ -75,6 +87,8 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
             columns = [batch.column(name).to_pylist() for name in COLUMNS]
             for row in zip(*columns):
                 read += 1
+                if fill is not None and row[0] is None:
+                    row = (fill(None, Record(row[5], row[4], [], row[2], row[1], row[3], None)), *row[1:])
                 if spec.dedup:
                     key = row[0]
                     if key is None:
@@ -104,6 +118,7 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
     totals = {"rows_read": 0, "rows_written": 0, "duplicates_dropped": 0, "chunks": 0, "dead_lettered": 0}
     seen: set[str] = set()
     pending: list[tuple[Record, str]] = []
+    fill = _keys(spec)
     with Store(spec.dsn) as store:
         def flush() -> None:
             rows, unreadable = maker.rows(pending)
@@ -121,6 +136,8 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
         for batch in batches:
             for rec, key in _records(batch):
                 totals["rows_read"] += 1
+                if fill is not None:
+                    key = fill(key, rec)
                 if spec.dedup:
                     if key is None:
                         raise KeylessRecord(f"record {rec.topic}/{rec.partition}/{rec.offset} has no kdg-id header "
