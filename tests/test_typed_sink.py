@@ -261,6 +261,27 @@ def test_refused_rows_are_found_on_postgres_15_too(kdg, conn, external_pg, group
         assert sorted(int(json.loads(d["value"])["id"]) for d in dead_letters(kdg, topic)) == sorted(BAD)
 
 
+def test_a_deferred_foreign_key_refuses_its_rows_not_the_batch(kdg, conn, topic, group, table, tmp_path):
+    """A DEFERRABLE INITIALLY DEFERRED foreign key is checked at COMMIT, where no row can be told apart: kdg
+    checks constraints at each statement instead, so the two orders of unknown customers are dead-lettered
+    (23503) and the other 48 written, in the batch's one transaction."""
+    customers = f"{table}_customers"
+    with Store(conn.pg_dsn) as store:
+        store.execute(f"CREATE TABLE {customers} (name text PRIMARY KEY)")
+        store.execute(f"INSERT INTO {customers} SELECT 'c' || i FROM generate_series(0, 49) i WHERE i NOT IN (7, 31)")
+        store.execute(f"""CREATE TABLE {table} (order_id bigint PRIMARY KEY, customer text NOT NULL
+                          REFERENCES {customers} DEFERRABLE INITIALLY DEFERRED, amount numeric(12,2))""")
+    produce(kdg, topic, tmp_path, [envelope(str(i), order_json(i, 1)) for i in range(50)])
+    report = consume(kdg, topic, group, "exactly-once", "--table", table, "--mode", "upsert",
+                     "--column", "order_id bigint = json:id", "--column", "customer text = json:/customer/name",
+                     "--column", "amount numeric(12,2) = json:amount")
+    assert (report["processed"], report["dead_lettered"]) == (48, 2), report
+    with Store(conn.pg_dsn) as store:
+        assert store.fetchval(f"SELECT count(*) FROM {table}") == 48
+    letters = {int(json.loads(d["value"])["id"]): d["headers"]["kdg-sqlstate"] for d in dead_letters(kdg, topic)}
+    assert letters == {7: "23503", 31: "23503"}
+
+
 # -- crashes: what each guarantee × mode leaves in the table --------------------------------------
 
 CRASH_ORDERS, CRASH_VERSIONS, CRASH_BATCH = 1000, 3, 300

@@ -10,7 +10,8 @@ Inside the caller's transaction:
    tombstones deleting by key when asked.
 
 A statement Postgres refuses for a row's data (SQLSTATE class 22, a bad value or cast; class 23,
-a NOT NULL, CHECK, unique or foreign-key violation) is run again on each half of the rows, each
+a NOT NULL, CHECK, unique or foreign-key violation — deferred constraints are checked at once, for
+this) is run again on each half of the rows, each
 under a savepoint, until the refused rows stand alone. Those come back as ``rejected`` for the
 sink to dead-letter; the rest are written in the same transaction, and stay claimed with them.
 """
@@ -122,6 +123,9 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: list[
     result = TypedResult()
     if not rows:
         return result
+    # a deferred constraint would fail the whole transaction at COMMIT, with no row to blame: check
+    # every constraint at its statement, so a refused row is found below like any other
+    await conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
     await conn.copy_records_to_table(target.stage, records=rows, columns=target.copy_columns)
     if claim_table is not None:
         result.duplicates = int((await conn.execute(target.claim_sql(), claim_table)).split()[-1])
