@@ -117,6 +117,7 @@ def consume(layout, topic: str, table: str, args: list[str]) -> dict:
     if out.returncode != 0:
         raise SystemExit(f"kdg consume exited {out.returncode}: {out.stderr}")
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    time.sleep(1)  # the consumer's backend exits with it: let the postmaster reap it (its CPU moves to cutime)
     report = json.loads(out.stdout)
     return {"rows_per_s": report["msgs_per_s"], "seconds": report["duration_s"], "rows": report["consumed"],
             "consumer_cpu_s": round(after.ru_utime + after.ru_stime - before_children.ru_utime
@@ -140,6 +141,7 @@ def raw_copy(layout, table: str, records: int) -> dict:
 
     pg_before = postgres_cpu(layout)
     seconds = asyncio.run(go())
+    time.sleep(1)  # as in consume(): the closed connection's backend is reaped first
     return {"rows_per_s": round(records / seconds, 1), "seconds": round(seconds, 3), "rows": records,
             "postgres_cpu_s": round(postgres_cpu(layout) - pg_before, 2)}
 

@@ -119,6 +119,7 @@ ROWS = [
         says="--idle-timeout"),
     bad("consume-max-bytes-negative", "consume", "{src}", "-G", "{group}", "-e", "--max-bytes", "-1",
         says="--max-bytes"),
+    bad("consume-pg-wait-negative", "consume", "{src}", "-G", "{group}", "-e", "--pg-wait", "-1", says="--pg-wait"),
     bad("consume-offset", "consume", "{src}", "-G", "{group}", "-e", "-o", "nonsense", says="nonsense"),
     bad("consume-sink", "consume", "{src}", "-G", "{group}", "-e", "--sink", "nowhere", says="--sink"),
     bad("consume-eos-stdout", "consume", "{src}", "-G", "{group}", "-g", "exactly-once", "-e", "--sink", "stdout",

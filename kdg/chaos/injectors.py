@@ -99,7 +99,7 @@ def broker_bounce(cell: Cell) -> None:
 
 
 def postgres_restart(cell: Cell) -> None:
-    """Kill and restart the embedded Postgres while a consumer holds a batch; it dies and is restarted."""
+    """Kill and restart the embedded Postgres while a consumer holds a batch; it reconnects and reads on."""
     _record_produce(cell, cell.produce())
     if not cell.sink.startswith("postgres") or not cell.layout.uses_embedded_pg:
         cell.event("postgres-restart needs the postgres sink on the embedded server; skipped")

@@ -17,9 +17,8 @@ from kdg.settings import TableName, redact_dsn, table_name
 from kdg.store.migrations import connect, require_schema
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, quoted, staging_table
 from kdg.store.tables import prepare_table
-from kdg.store.typed import CLAIM, TypedResult, TypedTarget, write_batch
+from kdg.store.typed import CLAIM, TypedResult, TypedTarget, copy_claims, write_batch
 
-DEDUP_COLUMNS = ("sink_table", *SINK_COLUMNS[:4])  # the claim: which table, which key, where it came from
 LEDGER_COLUMNS = ("run_id", "idempotency_key", "topic", "seq", "status", "partition", "offset", "error")
 _STAGE = staging_table()
 
@@ -178,16 +177,11 @@ class Store:
         if not rows:
             return 0
         table = table_name(table)
-        try:
-            async with self.conn.transaction():  # a savepoint
-                await self.conn.copy_records_to_table(
-                    "kdg_dedup", records=[(table.text, *r[:4]) for r in rows], columns=DEDUP_COLUMNS)
-                await self.conn.copy_records_to_table(
-                    table.name, schema_name=table.schema, records=[(r[0], group, *r[1:]) for r in rows],
-                    columns=GROUP_SINK_COLUMNS)
+        if await copy_claims(self.conn, [(table.text, *r[:4]) for r in rows]):
+            await self.conn.copy_records_to_table(
+                table.name, schema_name=table.schema, records=[(r[0], group, *r[1:]) for r in rows],
+                columns=GROUP_SINK_COLUMNS)
             return len(rows)
-        except asyncpg.exceptions.UniqueViolationError:
-            pass
         await self.conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
         # ON CONFLICT DO NOTHING also skips a key repeated within the batch: the first
         # staged copy wins, and only the claimed (key, partition, offset) rows are inserted.
