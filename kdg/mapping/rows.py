@@ -21,7 +21,7 @@ class RowMaker:
         self.columns = mapping.columns
         self._value_json = mapping.reads_value
         self._key_json = any(c.source.kind == "key" for c in mapping.columns)
-        self._readers = [(c.source.read, json_text if c.type.base == "jsonb" else as_text) for c in mapping.columns]
+        self._readers = [_reader(c.source, json_text if c.type.base == "jsonb" else as_text) for c in mapping.columns]
         self._jsonb = [c.type.base == "jsonb" for c in mapping.columns]
         self._tombstones = mapping.on_tombstone
 
@@ -54,12 +54,23 @@ class RowMaker:
             key_doc = parse_json(rec.key) if self._key_json else None
         except ValueError as exc:
             raise ValueError(f"bad JSON in the record key: {exc}") from None
-        values = [text(read(rec, key, doc, key_doc)) for read, text in self._readers]
+        values = [read(rec, key, doc, key_doc) for read in self._readers]
         for i, value in enumerate(values):
-            if value is not None and not _storable(value, self._jsonb[i]):
+            if value is not None and ("\x00" in value or not value.isascii() or "\\u" in value) \
+                    and not _storable(value, self._jsonb[i]):
                 raise ValueError(f"column {self.columns[i].name!r}: Postgres text cannot hold this value "
                                  "(a NUL character or a lone UTF-16 surrogate)")
         return values
+
+
+def _reader(source, text):
+    """``read(rec, key, doc, key_doc)`` → the column's text; a top-level JSON field (the common case) is
+    read without the general path walk, once per record and column."""
+    if source.kind == "value" and not source.pointer:
+        name = source.path[0]
+        return lambda rec, key, doc, key_doc: text(doc.get(name)) if type(doc) is dict else None
+    read = source.read
+    return lambda rec, key, doc, key_doc: text(read(rec, key, doc, key_doc))
 
 
 def _storable(text: str, jsonb: bool) -> bool:
