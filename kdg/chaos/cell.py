@@ -106,29 +106,24 @@ class Cell:
     def _sample(self, interval: float) -> None:
         from kdg.store.pg import Store
 
-        try:
-            store = Store(self.layout.pg_dsn)
-        except Exception:  # the store may be restarting; the progress line just has a gap
-            return
+        store = None
         try:
             while self._sampling:
-                try:
-                    n = store.fetchval("SELECT count(*) FROM kdg_events WHERE topic = $1", self.topic) \
-                        if self.sink == "postgres" else self._kafka_delivered()
+                try:  # Postgres may be restarting (a fault): the progress line just has a gap
+                    if self.sink == "postgres":
+                        store = store or Store(self.layout.pg_dsn)
+                        n = store.fetchval("SELECT count(*) FROM kdg_events WHERE topic = $1", self.topic)
+                    else:
+                        n = self._kafka_delivered()
                     self.result.progress.append({"t": self.now(), "delivered": int(n)})
                 except Exception:
-                    store.close()
-                    time.sleep(interval)
-                    try:
-                        store = Store(self.layout.pg_dsn)
-                    except Exception:
-                        pass
+                    if store is not None:
+                        store.close()
+                    store = None
                 time.sleep(interval)
         finally:
-            try:
+            if store is not None:
                 store.close()
-            except Exception:
-                pass
 
     def _kafka_delivered(self) -> int:
         from kdg.kafka.admin import watermarks

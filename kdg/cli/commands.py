@@ -184,7 +184,8 @@ def consume(
                          exit_at_end=exit_at_end,
                          idle_timeout=idle_timeout, start=offset, batch_size=batch_size, max_bytes=max_bytes,
                          handler=handler, transactional_id=transactional_id, progress=progress, pg_wait=pg_wait,
-                         notice=lambda text: err_console.print(text, style="warn", markup=False, highlight=False))
+                         notice=lambda text: err_console.print(text, style="warn", markup=False, highlight=False,
+                                                                soft_wrap=True))
     report = _run_with_bar(bar, run_consume, req)
     if as_json:
         print_json(report)
