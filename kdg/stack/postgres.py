@@ -60,10 +60,15 @@ def _allow_traversal(path: Path) -> None:
 
 
 def _chown_tree(path: Path, user: str) -> None:
+    """Give ``path`` to ``user``. A file gone meanwhile needs no owner: after a SIGKILLed server its
+    orphaned backends may still be removing their temp tables while this walks."""
     entry = pwd.getpwnam(user)
     for root, dirs, files in os.walk(path):
         for name in [root, *(os.path.join(root, n) for n in dirs + files)]:
-            os.chown(name, entry.pw_uid, entry.pw_gid)
+            try:
+                os.chown(name, entry.pw_uid, entry.pw_gid)
+            except FileNotFoundError:
+                pass
 
 
 def init(layout: StackLayout) -> None:
