@@ -9,8 +9,9 @@ from kdg.errors import ConnectionFailed, DeliveryError, UnknownTopic
 from kdg.kafka.clients import admin_client, reader
 
 
-def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float = 90.0) -> None:
-    admin = admin_client(bootstrap)
+def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float = 90.0,
+                            props: dict | None = None) -> None:
+    admin = admin_client(bootstrap, props)
     deadline = time.monotonic() + timeout
     seen: set[int] = set()
     while time.monotonic() < deadline:
