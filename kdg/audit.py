@@ -104,6 +104,7 @@ def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[st
     """Yield the ``kdg-id`` headers of ``topic`` (read_committed), a batch at a time, beginning to end."""
     from confluent_kafka import KafkaError, TopicPartition
 
+    from kdg.kafka.access import check
     from kdg.kafka.admin import topic_partitions, watermarks
     from kdg.kafka.clients import reader
 
@@ -125,6 +126,7 @@ def iter_topic_keys(bootstrap: str, topic: str, extra: dict) -> Iterator[list[st
                 if msg.error():
                     if msg.error().code() == KafkaError._PARTITION_EOF:
                         continue
+                    check(msg.error(), f"reading {topic!r}")
                     raise ConnectionFailed(f"cannot read {topic!r} to its end: {msg.error().str()}")
                 key = dict(msg.headers() or []).get(ID_HEADER)
                 if key is not None:
@@ -226,6 +228,7 @@ def _load_positions(store, conn: Connection, topic: str, group: str | None) -> b
 def _kafka_committed(conn: Connection, topic: str, group: str) -> dict[int, int | None]:
     from confluent_kafka import KafkaException
 
+    from kdg.kafka.access import check
     from kdg.kafka.admin import topic_partitions
     from kdg.kafka.clients import reader
     from kdg.kafka.consumer import committed_offsets
@@ -238,6 +241,7 @@ def _kafka_committed(conn: Connection, topic: str, group: str) -> dict[int, int 
     try:
         return committed_offsets(consumer, topic, partitions)
     except KafkaException as exc:
+        check(exc.args[0], f"reading group {group!r}'s committed offsets")
         raise ConnectionFailed(f"cannot read group {group!r}'s committed offsets: {exc.args[0].str()}") from exc
     finally:
         consumer.close()

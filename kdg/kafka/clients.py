@@ -21,6 +21,7 @@ from confluent_kafka.admin import AdminClient
 
 from kdg.errors import PolicyViolation, UsageError
 from kdg.guarantees import OWNED, DeliveryPolicy, merge_overrides
+from kdg.kafka.access import on_error
 from kdg.kafka.logs import client_log_config
 from kdg.kafka.scopes import ALIASES, applies
 from kdg.profile import redact
@@ -72,7 +73,7 @@ def client_config(role: Role, bootstrap: str, props: dict[str, str] | None = Non
         merged = merge_overrides(base, kept)
     except PolicyViolation as exc:
         raise PolicyViolation(f"{exc} [{role.value}]") from None
-    return {**client_log_config(), **merged, "bootstrap.servers": bootstrap}
+    return {**client_log_config(), "error_cb": on_error, **merged, "bootstrap.servers": bootstrap}
 
 
 def _tuning(role: Role) -> dict[str, object]:
@@ -157,7 +158,7 @@ def spark_source_options(bootstrap: str, props: dict[str, str] | None, policy: D
 
 
 # Spark's source commits nothing and seeks itself: it refuses these, or they mean nothing to it
-_SPARK_OWNS = {"logger", "log_level", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset"}
+_SPARK_OWNS = {"logger", "log_level", "error_cb", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset"}
 
 
 def _is_security(key: str, value: object) -> bool:
