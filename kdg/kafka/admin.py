@@ -34,6 +34,15 @@ def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float =
                            f"within {timeout:.0f}s (registered: {sorted(seen)})")
 
 
+def broker_ids(bootstrap: str, extra: dict | None = None, timeout: float = 10) -> list[int]:
+    """The registered brokers' ids; a refused login or certificate is named as such."""
+    admin = admin_client(bootstrap, extra)
+    try:
+        return sorted(admin.list_topics(timeout=timeout).brokers)
+    except KafkaException as exc:
+        raise _unreachable(admin, bootstrap, exc) from None
+
+
 def topic_partitions(bootstrap: str, topic: str, extra: dict | None = None, timeout: float = 10) -> list[int]:
     """Partition ids of ``topic``; a usage error if it does not exist."""
     admin = admin_client(bootstrap, extra)
