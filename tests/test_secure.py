@@ -206,3 +206,19 @@ def test_zz_no_log_of_the_stack_holds_a_password(secure_stack, passwords):
         text = path.read_text(errors="replace")
         for pw in passwords:
             assert pw not in text, f"{path} holds a password"
+
+
+def test_chaos_cells_run_on_the_secure_stack(secure_stack):
+    """consumer-kill keeps exactly-once over SASL_SSL; through the fault proxy the client's TLS is carried
+    byte for byte (the proxy cannot drop acknowledgements it cannot see, and says so)."""
+    from kdg.chaos.run import run_chaos
+
+    results = run_chaos(secure_stack, guarantees=["exactly-once"], faults=["consumer-kill", "ack-loss"],
+                        messages=300, repeat=1, sink="postgres")
+    cells = {c["fault"]: c for c in results["cells"]}
+    kill = cells["consumer-kill"]
+    assert kill["verdict"] == "PASS" and kill["fault_fired"], kill
+    assert (kill["lost"], kill["duplicates"]) == (0, 0)
+    ack = cells["ack-loss"]
+    assert ack["verdict"] == "PASS" and not ack["fault_fired"], ack
+    assert any("not injected" in e["event"] for e in ack["timeline"])

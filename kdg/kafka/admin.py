@@ -90,9 +90,9 @@ def _wait_topic_visible(admin: AdminClient, topic: str, partitions: int, timeout
         time.sleep(0.2)
 
 
-def describe_topic(bootstrap: str, topic: str) -> dict:
+def describe_topic(bootstrap: str, topic: str, extra: dict | None = None) -> dict:
     """Replication factor per partition and the topic's effective ``min.insync.replicas`` (Kafka's word)."""
-    admin = admin_client(bootstrap)
+    admin = admin_client(bootstrap, extra)
     t = admin.list_topics(topic, timeout=10).topics[topic]
     res = ConfigResource(ConfigResource.Type.TOPIC, topic)
     configs = admin.describe_configs([res])[res].result(15)
