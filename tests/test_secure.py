@@ -89,6 +89,24 @@ def _one_error_line(proc, exit_code: int = 5) -> str:
     return errors[0]
 
 
+def test_security_failures_become_one_kdg_error_each():
+    from confluent_kafka import KafkaError
+
+    from kdg.errors import AccessDenied, AuthenticationFailed
+    from kdg.kafka.access import check
+
+    login = KafkaError(KafkaError._AUTHENTICATION, "sasl_ssl://127.0.0.1:1/bootstrap: SASL authentication error: "
+                       "Authentication failed (after 316ms in state AUTH_REQ)")
+    with pytest.raises(AuthenticationFailed, match=r"^Kafka refused the SASL login: SASL authentication error: "
+                                                   r"Authentication failed \(check sasl.username"):
+        check(login)
+    with pytest.raises(AuthenticationFailed, match="TLS handshake"):
+        check(KafkaError(KafkaError._SSL, "sasl_ssl://h:1/1: SSL handshake failed: certificate verify failed"))
+    with pytest.raises(AccessDenied, match="denied creating topic 't'.*GROUP_AUTHORIZATION_FAILED"):
+        check(KafkaError(KafkaError.GROUP_AUTHORIZATION_FAILED), "creating topic 't'")
+    assert check(KafkaError(KafkaError._TRANSPORT, "connection refused")) is None  # not a security failure
+
+
 def test_client_properties_is_private_and_status_names_it(secure_stack, skdg):
     status = json.loads(skdg("stack", "status", "--json").stdout)
     assert status["secure"] is True and status["healthy"] is True
