@@ -142,6 +142,7 @@ def iter_topic_headers(bootstrap: str, topic: str, extra: dict, names: tuple[str
     values of the headers ``names`` as text (the last of a repeated name; None when absent)."""
     from confluent_kafka import KafkaError, TopicPartition
 
+    from kdg.kafka.access import check
     from kdg.kafka.admin import topic_partitions, watermarks
     from kdg.kafka.clients import reader
 
@@ -163,6 +164,7 @@ def iter_topic_headers(bootstrap: str, topic: str, extra: dict, names: tuple[str
                 if msg.error():
                     if msg.error().code() == KafkaError._PARTITION_EOF:
                         continue
+                    check(msg.error(), f"reading {topic!r}")
                     raise ConnectionFailed(f"cannot read {topic!r} to its end: {msg.error().str()}")
                 headers = dict(msg.headers() or [])
                 found.append(tuple(_text(headers.get(name)) for name in names))
@@ -270,6 +272,7 @@ def _load_positions(store, conn: Connection, topic: str, group: str | None) -> b
 def _kafka_committed(conn: Connection, topic: str, group: str) -> dict[int, int | None]:
     from confluent_kafka import KafkaException
 
+    from kdg.kafka.access import check
     from kdg.kafka.admin import topic_partitions
     from kdg.kafka.clients import reader
     from kdg.kafka.consumer import committed_offsets
@@ -282,6 +285,7 @@ def _kafka_committed(conn: Connection, topic: str, group: str) -> dict[int, int 
     try:
         return committed_offsets(consumer, topic, partitions)
     except KafkaException as exc:
+        check(exc.args[0], f"reading group {group!r}'s committed offsets")
         raise ConnectionFailed(f"cannot read group {group!r}'s committed offsets: {exc.args[0].str()}") from exc
     finally:
         consumer.close()

@@ -64,10 +64,9 @@ def _spark():
 
 
 def _brokers(bootstrap: str, expected: int | None, props: dict[str, str]):
-    from kdg.kafka.admin import admin_client
+    from kdg.kafka.admin import broker_ids
 
-    md = admin_client(bootstrap, props).list_topics(timeout=5)
-    ids = sorted(md.brokers)
+    ids = broker_ids(bootstrap, props)
     ok = expected is None or len(ids) >= expected
     return ok, f"{len(ids)} broker(s) registered: {ids}" + ("" if ok else f", expected {expected}"), ids
 
@@ -98,6 +97,31 @@ def _eos_settings(bootstrap: str, broker_id: int, brokers: int, props: dict[str,
     return not problems, "; ".join(problems) if problems else shown
 
 
+def is_secured(props: dict[str, str]) -> bool:
+    return props.get("security.protocol", "plaintext").lower() != "plaintext"
+
+
+def _handshake(bootstrap: str, props: dict[str, str]):
+    """TLS and SASL, as the profile asks: a metadata request only answers after both succeeded."""
+    from kdg.kafka.admin import broker_ids
+
+    broker_ids(bootstrap, props)
+    protocol = props.get("security.protocol", "plaintext").upper()
+    said = []
+    if "SSL" in protocol:
+        said.append(f"TLS verified the brokers' certificate ({'ssl.ca.location=' + props['ssl.ca.location'] if 'ssl.ca.location' in props else 'system CAs'})")
+    if protocol.startswith("SASL"):
+        said.append(f"SASL {props.get('sasl.mechanism', 'GSSAPI')} login as {props.get('sasl.username', '?')!r} accepted")
+    return True, f"{protocol}: " + "; ".join(said)
+
+
+def _permissions(bootstrap: str, props: dict[str, str], topic: str, group: str):
+    from kdg.kafka.permissions import probe_permissions
+
+    found = probe_permissions(bootstrap, props, topic, group)
+    return True, "; ".join(found.values())
+
+
 def _postgres(dsn: str, on_stack: bool):
     from kdg.errors import ConnectionFailed
     from kdg.store.migrations import schema_status
@@ -112,7 +136,9 @@ def _postgres(dsn: str, on_stack: bool):
 
 
 def run_doctor(bootstrap: str | None, pg_dsn: str | None, state_dir: Path | None,
-               properties: list[str] | None = None, profile: Path | None = None) -> DoctorReport:
+               properties: list[str] | None = None, profile: Path | None = None,
+               topic: str | None = None, group: str | None = None) -> DoctorReport:
+    """Every check; with ``topic`` and ``group`` also whether the configured user may write, read and commit there."""
     report = DoctorReport()
     conn = connection(bootstrap, pg_dsn, properties, state_dir, profile=profile)
     local = bootstrap is None
@@ -120,11 +146,20 @@ def run_doctor(bootstrap: str | None, pg_dsn: str | None, state_dir: Path | None
     _check(report, "java", _java)
     _check(report, "kafka jars", _jars)
     _check(report, "spark", _spark)
-    ids = _check(report, "brokers", lambda: _brokers(conn.bootstrap_servers, layout.brokers if local else None, conn.extra))
+    reached = True
+    if is_secured(conn.extra):
+        reached = _check(report, "tls/sasl handshake", lambda: _handshake(conn.bootstrap_servers, conn.extra))
+    ids = None
+    if reached:  # a refused login would only fail the broker checks again, 10 s each
+        ids = _check(report, "brokers", lambda: _brokers(conn.bootstrap_servers, layout.brokers if local else None,
+                                                         conn.extra))
     if local:
         _check(report, "controller quorum", lambda: _quorum(layout))
     if ids:
         _check(report, "exactly-once settings", lambda: _eos_settings(conn.bootstrap_servers, ids[0], len(ids), conn.extra))
+    if topic is not None and reached:
+        _check(report, f"write, read, commit ({topic}, {group})",
+               lambda: _permissions(conn.bootstrap_servers, conn.extra, topic, group))
     on_stack = conn.pg_dsn == layout.pg_dsn and layout.uses_embedded_pg
     pending = _check(report, "postgres", lambda: _postgres(conn.pg_dsn, on_stack))
     if pending is not None:  # the local stack's `up` migrates its own Postgres; any other needs `kdg db migrate`

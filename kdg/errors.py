@@ -47,6 +47,14 @@ class ConnectionFailed(KdgError):
     exit_code = 5
 
 
+class AuthenticationFailed(ConnectionFailed):
+    """Kafka refused our SASL login (user, password, mechanism), or TLS refused its certificate or ours."""
+
+
+class AccessDenied(ConnectionFailed):
+    """An ACL denies the configured user an operation on a topic, group, transactional id or the cluster."""
+
+
 class DeliveryError(KdgError):
     """Kafka refused or failed a produce, consume or transaction in a way kdg cannot recover from."""
 

@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from kdg.errors import UsageError
 from kdg.paths import default_state_dir
-from kdg.profile import is_secret, merged_properties
+from kdg.profile import is_secret, merged_properties, profile_path
 from kdg.stack.layout import StackLayout
 
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
@@ -34,7 +34,9 @@ def connection(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
     """Explicit values win, then ``KDG_*`` variables (Typer fills those), then the local stack.
 
     Kafka properties: the profile file (``-F``, else ``KDG_KAFKA_CONFIG``), then ``-X`` on top,
-    secret references resolved (:mod:`kdg.profile`).
+    secret references resolved (:mod:`kdg.profile`). With neither a profile nor bootstrap servers
+    given, a command talks to the local stack; on a ``--secure`` stack that means its
+    ``client.properties`` (the client user), exactly as if ``-F`` had named it.
 
     A DSN asyncpg could not parse (not a ``postgresql://`` URL, a port that is no number) is a
     usage error naming it without its password.
@@ -51,6 +53,8 @@ def connection(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
         _, colon, port = host.rpartition("]")[2].partition(":")
         if colon and not (port.isdigit() and 0 < int(port) < 65536):
             raise UsageError(f"--pg-dsn {redact_dsn(dsn)!r}: port {port!r} is not a number from 1 to 65535")
+    if profile_path(profile) is None and not bootstrap_servers and layout.secure:
+        profile = layout.client_profile
     return Connection(
         bootstrap_servers=bootstrap_servers or layout.bootstrap_servers,
         pg_dsn=dsn,

@@ -93,6 +93,40 @@ def test_spark_source_options_carry_the_policy_and_refuse_weakening():
         spark_source_options("h:1", {"isolation.level": "read_uncommitted"}, policy_for("exactly-once"))
 
 
+def test_spark_source_options_translate_a_scram_profile_to_the_java_client(tmp_path):
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    profile = {"security.protocol": "sasl_ssl", "sasl.mechanisms": "SCRAM-SHA-512", "sasl.username": "orders",
+               "sasl.password": 'p"w\\', "ssl.ca.location": str(ca)}
+    options = spark_source_options("h:1", profile, policy_for("exactly-once"))
+    assert options["kafka.security.protocol"] == "SASL_SSL" and options["kafka.sasl.mechanism"] == "SCRAM-SHA-512"
+    assert options["kafka.sasl.jaas.config"] == ('org.apache.kafka.common.security.scram.ScramLoginModule required '
+                                                 'username="orders" password="p\\"w\\\\";')
+    assert options["kafka.ssl.truststore.type"] == "PEM" and options["kafka.ssl.truststore.location"] == str(ca)
+    assert not {k for k in options if k in ("kafka.sasl.username", "kafka.sasl.password", "kafka.ssl.ca.location")}
+
+
+@pytest.mark.parametrize("profile, named", [
+    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "GSSAPI"}, "sasl.mechanism"),
+    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "OAUTHBEARER"}, "sasl.mechanism"),
+    ({"security.protocol": "SASL_SSL", "sasl.mechanism": "PLAIN", "sasl.username": "u"}, "sasl.password"),
+    ({"security.protocol": "SSL", "ssl.key.location": "/k.pem"}, "ssl.key.location"),
+    ({"security.protocol": "SSL", "ssl.ca.location": "/nonexistent/ca.pem"}, "ssl.ca.location"),
+    ({"security.protocol": "PLAINTEXT", "sasl.username": "u"}, "sasl.username"),
+    ({"security.protocol": "KERBEROS"}, "security.protocol"),
+])
+def test_spark_source_options_refuse_what_they_cannot_translate_by_name(profile, named):
+    with pytest.raises(UsageError, match=f"cannot pass {named} "):
+        spark_source_options("h:1", profile, policy_for("exactly-once"))
+
+
+def test_a_plain_login_gets_the_plain_login_module():
+    options = spark_source_options("h:1", {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+                                           "sasl.username": "u", "sasl.password": "pw"}, policy_for("at-least-once"))
+    assert options["kafka.sasl.jaas.config"].startswith("org.apache.kafka.common.security.plain.PlainLoginModule ")
+    assert "kafka.ssl.truststore.location" not in options
+
+
 def test_a_bad_value_names_the_property_as_typed():
     with pytest.raises(UsageError, match=r"-X linger.ms=abc"):
         new_producer(client_config(Role.PRODUCER, "b:1", {"linger.ms": "abc"}, policy_for("at-least-once")))

@@ -44,7 +44,8 @@ class Cell:
         self.topic, self.group = f"chaos-{fault}-{tag}", f"chaos-{guarantee}-{tag}"
         self.sink = "postgres" if sink == "postgres" else f"kafka:{self.topic}-out"
         self.result = CellResult(guarantee, fault, repetition)
-        self.conn = Connection(layout.bootstrap_servers, layout.pg_dsn)
+        # the cell's own checks use the stack's admin profile; its kdg processes the client user's
+        self.conn = Connection(layout.bootstrap_servers, layout.pg_dsn, layout.admin_properties())
         self.started = time.monotonic()
         self.batch = max(50, messages // 20)
         self._sampling = False
@@ -61,6 +62,8 @@ class Cell:
     def _env(self, extra: dict | None) -> dict:
         env = {k: v for k, v in os.environ.items() if k != "KDG_FAULT"}
         env.update({"KDG_BOOTSTRAP_SERVERS": self.layout.bootstrap_servers, "KDG_PG_DSN": self.layout.pg_dsn})
+        if self.layout.secure:
+            env["KDG_KAFKA_CONFIG"] = str(self.layout.client_profile)
         return env | (extra or {})
 
     def spawn(self, *args, env: dict | None = None) -> subprocess.Popen:
@@ -128,7 +131,8 @@ class Cell:
     def _kafka_delivered(self) -> int:
         from kdg.kafka.admin import watermarks
 
-        return sum(high - low for low, high in watermarks(self.layout.bootstrap_servers, self.sink[6:]).values())
+        return sum(high - low for low, high in watermarks(self.layout.bootstrap_servers, self.sink[6:],
+                                                                   self.conn.extra).values())
 
     def stop_sampling(self) -> None:
         self._sampling = False

@@ -66,13 +66,13 @@ def consumer_pause(cell: Cell) -> None:
 def _leader_of_partition_0(cell: Cell) -> int:
     from kdg.kafka.admin import describe_topic
 
-    return describe_topic(cell.layout.bootstrap_servers, cell.topic)["leaders"][0]
+    return describe_topic(cell.layout.bootstrap_servers, cell.topic, cell.conn.extra)["leaders"][0]
 
 
 def _broker_down(cell: Cell, hard: bool) -> None:
     from kdg.kafka.admin import ensure_topic
 
-    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3)
+    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3, extra=cell.conn.extra)
     rate = max(200, cell.messages // 8)
     producer = cell.produce("--rate", rate, wait=False)
     consumer = cell.consume("--idle-timeout", 20)
@@ -123,7 +123,7 @@ def min_isr(cell: Cell) -> None:
     from kdg.kafka.admin import ensure_topic
     from kdg.kafka.clients import probe_producer
 
-    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3)
+    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3, extra=cell.conn.extra)
     survivors = cell.layout.node_ids[:1]
     stopped = [n for n in cell.layout.node_ids if n not in survivors]
     for node in stopped:
@@ -131,6 +131,7 @@ def min_isr(cell: Cell) -> None:
     cell.event(f"brokers {stopped} stopped cleanly; 1 of 3 replicas left, min.insync.replicas=2")
     # log_level 2: the stopped brokers refuse connections, which is the point, not news for the terminal
     probe = probe_producer(cell.layout.bootstrap_servers, acks="all", retries=0, **{"message.timeout.ms": 10_000},
+                           **cell.conn.extra,
                            log_level=2)
     errors = []
     probe.produce(cell.topic, b"probe", on_delivery=lambda err, msg: errors.append(err))
@@ -151,8 +152,10 @@ def ack_loss(cell: Cell) -> None:
     from kdg.chaos.proxy import FaultProxy
     from kdg.kafka.admin import ensure_topic
 
-    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3)
+    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3, extra=cell.conn.extra)
     with FaultProxy(cell.layout) as proxy:
+        if not proxy.can_drop:
+            cell.event("not injected: on a secure stack the proxy carries TLS and cannot tell produce responses apart")
         proxy.drop_produce_responses(3)
         cell.event("proxy drops the next 3 produce responses")
         _record_produce(cell, cell.produce("-b", cell.layout.proxy_bootstrap,

@@ -10,6 +10,10 @@ then ``correlation_id int32``. It remembers, per connection, which correlation i
 requests (api_key 0) and can drop their responses: the broker has written the records, the
 producer never hears so, times out and sends them again — a lost acknowledgement.
 
+On a ``--secure`` stack the FAULTY listener speaks SASL_SSL: the proxy forwards the TLS bytes as
+they are, without framing (it cannot see which response answers a produce request), so it can
+carry clients and cut connections but not drop acknowledgements (``can_drop`` is False).
+
 Example:
     >>> with FaultProxy(layout) as proxy:           # doctest: +SKIP
     ...     proxy.drop_produce_responses(3)
@@ -66,6 +70,7 @@ class FaultProxy:
 
     def __init__(self, layout: StackLayout):
         self.layout = layout
+        self.can_drop = not layout.secure  # inside TLS there are no frames to read
         self.dropped = 0
         self.accepted = 0
         self._to_drop = 0
@@ -170,6 +175,9 @@ class FaultProxy:
         data = sock.recv(READ_CHUNK)
         if not data:
             return self._close(link)
+        if not self.can_drop:  # TLS bytes, forwarded as they are
+            (link.to_broker if sock is link.client else link.to_client).extend(data)
+            return self._flush(link, link.upstream if sock is link.client else link.client)
         if sock is link.client:
             link.to_broker += data  # requests always reach the broker unchanged
             link.requests += data

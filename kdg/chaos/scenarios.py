@@ -34,7 +34,7 @@ def _audit(cell_or_topic, layout, echo, sink="postgres", table="kdg_events") -> 
     topic = cell_or_topic if isinstance(cell_or_topic, str) else cell_or_topic.topic
     from kdg.settings import Connection
 
-    report = run_audit(topic, Connection(layout.bootstrap_servers, layout.pg_dsn), sink=sink, table=table)
+    report = run_audit(topic, Connection(layout.bootstrap_servers, layout.pg_dsn, layout.admin_properties()), sink=sink, table=table)
     _say(echo, f"  audit {topic}: acked={report.acked} failed={report.failed} unique={report.processed_unique} "
                f"lost={report.lost} duplicates={report.duplicates} unexpected={report.unexpected}")
     return report.to_dict()
@@ -104,7 +104,7 @@ def _raw_produce(layout, topic: str, n: int, acks: str, timeout_ms: int, retries
     config = {"acks": acks, "enable.idempotence": False, "message.timeout.ms": timeout_ms, "linger.ms": 5}
     if retries is not None:
         config["retries"] = retries
-    producer = probe_producer(bootstrap or layout.bootstrap_servers, **config)
+    producer = probe_producer(bootstrap or layout.bootstrap_servers, **layout.admin_properties(), **config)
     _last_errors.clear()
     for seq in range(n):
         key = f"{topic}-{seq}"
@@ -144,7 +144,7 @@ def _replicas(layout, topic: str, until=lambda part: True, what: str = "a leader
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            topics = admin_client(layout.bootstrap_servers).list_topics(topic, timeout=10).topics
+            topics = admin_client(layout.bootstrap_servers, layout.admin_properties()).list_topics(topic, timeout=10).topics
             part = topics[topic].partitions.get(0)
         except (KafkaException, KeyError):  # no answer (the controllers regain their quorum) or no topic yet
             part = None
@@ -158,7 +158,7 @@ def _leader_loss(layout, echo, acks: str) -> dict:
     from kdg.kafka.admin import ensure_topic
 
     topic = f"scenario-acks{acks}-{uuid.uuid4().hex[:6]}"
-    ensure_topic(layout.bootstrap_servers, topic, partitions=1)
+    ensure_topic(layout.bootstrap_servers, topic, partitions=1, extra=layout.admin_properties())
     leader, followers = _replicas(layout, topic)
     _say(echo, f"1. acks={acks}: topic {topic}, leader broker {leader}, followers {followers}")
     try:
@@ -197,7 +197,7 @@ def not_enough_replicas(layout, echo) -> tuple[bool, str, dict]:
     from kdg.kafka.admin import ensure_topic
 
     topic = f"scenario-minisr-{uuid.uuid4().hex[:6]}"
-    ensure_topic(layout.bootstrap_servers, topic, partitions=1)
+    ensure_topic(layout.bootstrap_servers, topic, partitions=1, extra=layout.admin_properties())
     leader, followers = _replicas(layout, topic)
     for f in followers:
         kafka_node.stop(layout, f)
@@ -222,13 +222,13 @@ def seed_consumers(layout, echo) -> tuple[bool, str, dict]:
     from kdg.kafka.admin import ensure_topic
 
     topic = f"scenario-seed-{uuid.uuid4().hex[:6]}"
-    ensure_topic(layout.bootstrap_servers, topic, partitions=1)
+    ensure_topic(layout.bootstrap_servers, topic, partitions=1, extra=layout.admin_properties())
     _say(echo, f"1. 1000 JSON messages with an 'idempotency_key' field (no kdg-id header) to {topic}")
     from kdg.kafka.clients import probe_producer
     from kdg.store.pg import Store
 
     run_id, rows = uuid.uuid4(), []
-    producer = probe_producer(layout.bootstrap_servers, acks="all")
+    producer = probe_producer(layout.bootstrap_servers, acks="all", **layout.admin_properties())
     for seq in range(1000):
         key = str(uuid.uuid4())
         producer.produce(topic, json.dumps({"idempotency_key": key, "message": f"m{seq}"}).encode())

@@ -290,14 +290,22 @@ def audit(
 def doctor(
     state_dir: Annotated[Optional[Path], typer.Option("--state-dir", envvar="KDG_STATE_DIR")] = None,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
+    topic: Annotated[Optional[str], typer.Option(
+        "--topic", help="Also check that the configured user may write, read and commit here: one small real "
+        "record is written to this topic (no kdg-id, so audits ignore it). Needs --group.")] = None,
+    group: Annotated[Optional[str], typer.Option(
+        "--group", help="The consumer group of the --topic check; its committed offset is committed again "
+        "unchanged (or the partition's first offset if it has none).")] = None,
     as_json: Json = False,
 ) -> None:
-    """Check Java, the jars, brokers, the controller quorum, Postgres and the settings exactly-once needs."""
+    """Check Java, the jars, brokers, TLS/SASL, the controller quorum, Postgres and the settings exactly-once needs."""
     from rich.table import Table
 
     from kdg.doctor import run_doctor
 
-    report = run_doctor(bootstrap, pg_dsn, state_dir, props, profile)
+    if (topic is None) != (group is None):
+        raise UsageError("--topic and --group go together: the check writes and reads the topic and commits for the group")
+    report = run_doctor(bootstrap, pg_dsn, state_dir, props, profile, topic=topic, group=group)
     if as_json:
         print_json(report)
     else:

@@ -33,7 +33,10 @@ def _show(report, as_json: bool) -> None:
         pg = report.postgres
         table.add_row("postgres", pg.dsn, str(pg.pid or "-"), flag(pg.up), "embedded" if pg.embedded else "external")
         console.print(table)
-        console.print(f"bootstrap servers: [key]{report.bootstrap_servers}[/key]")
+        console.print(f"bootstrap servers: [key]{report.bootstrap_servers}[/key]"
+                      + (" (SASL_SSL)" if report.secure else ""))
+        if report.client_properties:
+            console.print(f"client profile: [key]{report.client_properties}[/key] (used by default against this stack)")
     if not report.healthy:
         raise CheckFailed("some part of the stack is down")
 
@@ -44,13 +47,17 @@ def up(
     broker_port: Annotated[Optional[int], typer.Option(help="Client port of broker 1. [default: 19092]")] = None,
     pg_port: Annotated[Optional[int], typer.Option(help="Port of the embedded Postgres. [default: 15432]")] = None,
     pg_dsn: PgDsn = None,
+    secure: Annotated[bool, typer.Option(
+        "--secure", help="SASL_SSL client listener: a CA and broker certificate, SCRAM-SHA-512 users and ACLs; "
+        "writes client.properties (mode 0600) into the state dir. Only when the stack is first made.")] = False,
     state_dir: StateDir = None,
     as_json: Json = False,
 ) -> None:
     """Start the brokers and Postgres (fetching Kafka's jars once); apply the schema. Idempotent."""
     from kdg.stack.cluster import up as run_up
 
-    layout = _layout(state_dir, brokers=brokers, broker_port=broker_port, pg_port=pg_port, pg_dsn=pg_dsn)
+    layout = _layout(state_dir, brokers=brokers, broker_port=broker_port, pg_port=pg_port, pg_dsn=pg_dsn,
+                     secure=secure or None)
     with err_console.status(f"starting {layout.brokers} broker(s) and Postgres ..."):
         report = run_up(layout, echo=err_console.print)
     _show(report, as_json)

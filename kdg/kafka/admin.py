@@ -6,11 +6,20 @@ from confluent_kafka import KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from kdg.errors import ConnectionFailed, DeliveryError, UnknownTopic
+from kdg.kafka.access import check, raise_queued
 from kdg.kafka.clients import admin_client, reader
 
 
-def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float = 90.0) -> None:
-    admin = admin_client(bootstrap)
+def _unreachable(client, bootstrap: str, exc: KafkaException, doing: str = "") -> ConnectionFailed:
+    """The error to raise for a failed request: a refused login or an ACL if that was the cause."""
+    raise_queued(client)
+    check(exc.args[0], doing)
+    return ConnectionFailed(f"cannot reach Kafka at {bootstrap}: {exc.args[0].str()}")
+
+
+def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float = 90.0,
+                            props: dict | None = None) -> None:
+    admin = admin_client(bootstrap, props)
     deadline = time.monotonic() + timeout
     seen: set[int] = set()
     while time.monotonic() < deadline:
@@ -19,19 +28,31 @@ def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float =
             if node_ids <= seen:
                 return
         except KafkaException:
-            pass
+            raise_queued(admin)  # the stack's own login refused: fail now, not in 90 s
         time.sleep(0.3)
     raise ConnectionFailed(f"brokers {sorted(node_ids - seen)} did not register with the cluster "
                            f"within {timeout:.0f}s (registered: {sorted(seen)})")
 
 
+def broker_ids(bootstrap: str, extra: dict | None = None, timeout: float = 10) -> list[int]:
+    """The registered brokers' ids; a refused login or certificate is named as such."""
+    admin = admin_client(bootstrap, extra)
+    try:
+        return sorted(admin.list_topics(timeout=timeout).brokers)
+    except KafkaException as exc:
+        raise _unreachable(admin, bootstrap, exc) from None
+
+
 def topic_partitions(bootstrap: str, topic: str, extra: dict | None = None, timeout: float = 10) -> list[int]:
     """Partition ids of ``topic``; a usage error if it does not exist."""
+    admin = admin_client(bootstrap, extra)
     try:
-        md = admin_client(bootstrap, extra).list_topics(topic, timeout=timeout)
+        md = admin.list_topics(topic, timeout=timeout)
     except KafkaException as exc:
-        raise ConnectionFailed(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise _unreachable(admin, bootstrap, exc) from None
     t = md.topics.get(topic)
+    if t is not None and t.error is not None:
+        check(t.error, f"to topic {topic!r}")
     if t is None or t.error is not None:
         raise UnknownTopic(f"topic {topic!r} does not exist")
     return sorted(t.partitions)
@@ -44,7 +65,7 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 3, extra: dict
     try:
         md = admin.list_topics(timeout=10)
     except KafkaException as exc:
-        raise ConnectionFailed(f"cannot reach Kafka at {bootstrap}: {exc}") from exc
+        raise _unreachable(admin, bootstrap, exc) from None
     if topic in md.topics and md.topics[topic].error is None:
         return False
     future = admin.create_topics([NewTopic(topic, num_partitions=partitions, config=config or {})])[topic]
@@ -52,6 +73,7 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 3, extra: dict
         future.result(30)
     except KafkaException as exc:
         if exc.args[0].name() != "TOPIC_ALREADY_EXISTS":
+            check(exc.args[0], f"creating topic {topic!r}")
             raise DeliveryError(f"could not create topic {topic!r}: {exc.args[0].str()}") from exc
         return False
     _wait_topic_visible(admin, topic, partitions)
@@ -68,9 +90,9 @@ def _wait_topic_visible(admin: AdminClient, topic: str, partitions: int, timeout
         time.sleep(0.2)
 
 
-def describe_topic(bootstrap: str, topic: str) -> dict:
+def describe_topic(bootstrap: str, topic: str, extra: dict | None = None) -> dict:
     """Replication factor per partition and the topic's effective ``min.insync.replicas`` (Kafka's word)."""
-    admin = admin_client(bootstrap)
+    admin = admin_client(bootstrap, extra)
     t = admin.list_topics(topic, timeout=10).topics[topic]
     res = ConfigResource(ConfigResource.Type.TOPIC, topic)
     configs = admin.describe_configs([res])[res].result(15)
@@ -86,7 +108,10 @@ def describe_broker_config(bootstrap: str, broker_id: int, names: list[str],
                            extra: dict | None = None) -> dict[str, str]:
     admin = admin_client(bootstrap, extra)
     res = ConfigResource(ConfigResource.Type.BROKER, str(broker_id))
-    configs = admin.describe_configs([res])[res].result(15)
+    try:
+        configs = admin.describe_configs([res])[res].result(15)
+    except KafkaException as exc:
+        raise _unreachable(admin, bootstrap, exc, "describing the brokers' configuration") from None
     return {n: configs[n].value for n in names if n in configs}
 
 
@@ -98,6 +123,8 @@ def watermarks(bootstrap: str, topic: str, extra: dict | None = None,
         return {p: consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
                 for p in topic_partitions(bootstrap, topic, extra)}
     except KafkaException as exc:
+        raise_queued(consumer)
+        check(exc.args[0], f"to topic {topic!r}")
         raise ConnectionFailed(f"cannot read the end offsets of {topic!r} from Kafka at {bootstrap}: "
                                f"{exc.args[0].str()}") from exc
     finally:

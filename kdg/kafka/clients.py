@@ -21,6 +21,8 @@ from confluent_kafka.admin import AdminClient
 
 from kdg.errors import PolicyViolation, UsageError
 from kdg.guarantees import OWNED, DeliveryPolicy, merge_overrides
+from kdg.kafka.access import on_error
+from kdg.kafka.java_security import is_security, java_security
 from kdg.kafka.logs import client_log_config
 from kdg.kafka.scopes import ALIASES, applies
 from kdg.profile import redact
@@ -72,7 +74,7 @@ def client_config(role: Role, bootstrap: str, props: dict[str, str] | None = Non
         merged = merge_overrides(base, kept)
     except PolicyViolation as exc:
         raise PolicyViolation(f"{exc} [{role.value}]") from None
-    return {**client_log_config(), **merged, "bootstrap.servers": bootstrap}
+    return {**client_log_config(), "error_cb": on_error, **merged, "bootstrap.servers": bootstrap}
 
 
 def _tuning(role: Role) -> dict[str, object]:
@@ -144,26 +146,17 @@ def spark_source_options(bootstrap: str, props: dict[str, str] | None, policy: D
     """Options for Spark's Kafka source (``kafka.``-prefixed Java client properties).
 
     Spark's reader owns offsets, group and commits, so of the policy only ``isolation.level``
-    travels; a user property that would weaken it is refused like anywhere else.
+    travels; a user property that would weaken it is refused like anywhere else. Security
+    properties are translated to the Java client's (:mod:`kdg.kafka.java_security`).
     """
     config = client_config(Role.SPARK_SOURCE, bootstrap, props, policy)
-    untranslated = sorted(k for k, v in config.items() if _is_security(k, v))
-    if untranslated:  # librdkafka's names mean nothing to Java's client: the job would hang, not fail
-        raise UsageError(f"spark-replay cannot pass {', '.join(untranslated)} to Spark's Java Kafka client yet; "
-                         "only plaintext clusters are supported by spark-replay for now")
-    kept = {k: v for k, v in config.items()
-            if k not in _SPARK_OWNS}
-    return {f"kafka.{k}": _java_value(v) for k, v in kept.items()}
+    security = java_security(config)  # librdkafka's names mean nothing to Java's client: translated, or refused
+    kept = {k: v for k, v in config.items() if k not in _SPARK_OWNS and not is_security(k)}
+    return {f"kafka.{k}": _java_value(v) for k, v in {**kept, **security}.items()}
 
 
 # Spark's source commits nothing and seeks itself: it refuses these, or they mean nothing to it
-_SPARK_OWNS = {"logger", "log_level", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset"}
-
-
-def _is_security(key: str, value: object) -> bool:
-    if key == "security.protocol":
-        return str(value).lower() != "plaintext"
-    return key.startswith(("sasl.", "ssl.", "ssl_"))
+_SPARK_OWNS = {"logger", "log_level", "error_cb", "enable.auto.commit", "enable.auto.offset.store", "auto.offset.reset"}
 
 
 def _java_value(value: object) -> str:

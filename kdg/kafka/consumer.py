@@ -6,6 +6,7 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaEr
 
 from kdg.errors import DeliveryError, UsageError
 from kdg.guarantees import DeliveryPolicy
+from kdg.kafka.access import check
 from kdg.kafka.clients import Role, client_config, new_consumer
 
 _REBALANCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
@@ -127,7 +128,9 @@ class KdgConsumer:
                 self.eof_partitions.discard((msg.topic(), msg.partition()))
             elif err.code() == KafkaError._PARTITION_EOF:
                 self.eof_partitions.add((msg.topic(), msg.partition()))
-            elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED):
+            elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                                KafkaError.GROUP_AUTHORIZATION_FAILED):
+                check(err, "consuming")
                 raise DeliveryError(f"consumer error: {err.str()}")
         return batch
 
@@ -140,6 +143,7 @@ class KdgConsumer:
         try:
             return committed_offsets(self._consumer, topic, partitions)
         except KafkaException as exc:
+            check(exc.args[0], "reading the group's committed offsets")
             raise DeliveryError(f"cannot read the group's committed offsets: {exc.args[0].str()}") from exc
 
     def commit(self, next_offsets: dict[tuple[str, int], int]) -> bool:
@@ -158,6 +162,7 @@ class KdgConsumer:
             err = exc.args[0]
             if err.code() in _REBALANCED:
                 return False
+            check(err, "committing offsets")
             raise DeliveryError(f"offset commit failed: {err.str()}") from exc
 
     def commit_quietly(self, next_offsets: dict[tuple[str, int], int]) -> None:

@@ -6,6 +6,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from kdg.errors import DeliveryError, TransactionAborted, UsageError
 from kdg.guarantees import DeliveryPolicy
+from kdg.kafka.access import check
 from kdg.kafka.clients import Role, client_config, new_producer
 
 
@@ -58,6 +59,7 @@ class KdgProducer:
             except BufferError:
                 self._producer.poll(0.05)  # queue full: serve delivery reports, then try again
             except KafkaException as exc:
+                check(exc.args[0], f"producing to {topic!r}")
                 raise DeliveryError(f"produce to {topic} failed: {exc.args[0].str()}") from exc
 
     def poll(self, timeout: float = 0) -> int:
@@ -112,6 +114,7 @@ class KdgProducer:
                 return getattr(self._producer, name)(*args, max(1.0, min(timeout, left)))
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
+                check(err, name)
                 if err.fatal():
                     raise DeliveryError(f"{name}: fatal Kafka error {err.name()}: {err.str()} "
                                         "(another producer with this transactional.id may have fenced this one)") from exc

@@ -35,6 +35,8 @@ class StackStatus:
     brokers: list[NodeStatus] = field(default_factory=list)
     postgres: PostgresStatus | None = None
     quorum_leader: int | None = None
+    secure: bool = False
+    client_properties: str | None = None  # a secure stack's client profile (librdkafka names), mode 0600
 
     @property
     def healthy(self) -> bool:
@@ -53,19 +55,27 @@ def _cluster_id(layout: StackLayout) -> str:
 
 
 def resolve_layout(state_dir: Path, *, brokers: int | None = None, broker_port: int | None = None,
-                   pg_port: int | None = None, pg_dsn: str | None = None) -> StackLayout:
-    """The stack in ``state_dir``: as saved there, with any given setting applied (a new stack otherwise)."""
+                   pg_port: int | None = None, pg_dsn: str | None = None, secure: bool | None = None) -> StackLayout:
+    """The stack in ``state_dir``: as saved there, with any given setting applied (a new stack otherwise).
+
+    ``secure`` None keeps what the stack was made with; a formatted stack cannot change it.
+    """
     saved = StackLayout.load(state_dir)
     base = saved or StackLayout(state_dir=state_dir)
-    if saved and brokers is not None and brokers != saved.brokers and (state_dir / "cluster.id").exists():
+    formatted = saved is not None and (state_dir / "cluster.id").exists()
+    if formatted and brokers is not None and brokers != saved.brokers:
         raise StackError(f"the stack in {state_dir} was made with {saved.brokers} broker(s); "
                          f"`kdg stack down --purge` first to change it to {brokers}")
+    if formatted and secure and not saved.secure:
+        raise StackError(f"the stack in {state_dir} was made plaintext; `kdg stack down --purge` first to "
+                         "make it --secure (or use another --state-dir)")
     return StackLayout(
         state_dir=state_dir,
         brokers=brokers if brokers is not None else base.brokers,
         broker_port=broker_port if broker_port is not None else base.broker_port,
         pg_port=pg_port if pg_port is not None else base.pg_port,
         external_pg_dsn=pg_dsn if pg_dsn is not None else base.external_pg_dsn,
+        secure=base.secure if secure is None or formatted else secure,
     )
 
 
@@ -76,6 +86,10 @@ def up(layout: StackLayout, echo=print) -> StackStatus:
     require_java()
     ensure_kafka_jars(echo)
     layout.save()
+    if layout.secure:
+        from kdg.stack import secure
+
+        secure.prepare(layout)
     cluster_id = _cluster_id(layout)
     for node in layout.node_ids:
         kafka_node.prepare(layout, node, cluster_id)
@@ -91,6 +105,8 @@ def up(layout: StackLayout, echo=print) -> StackStatus:
     from kdg.store.migrations import apply_migrations  # asyncpg is only needed once the stack runs
     apply_migrations(layout.pg_dsn)
     wait_cluster_ready(layout)
+    if layout.secure:
+        secure.grant_client_acls(layout)
     return status(layout)
 
 
@@ -99,7 +115,8 @@ def wait_cluster_ready(layout: StackLayout, timeout: float = 90.0) -> None:
     from kdg.kafka.admin import wait_brokers_registered
 
     running = [n for n in layout.node_ids if kafka_node.is_running(layout, n)]
-    wait_brokers_registered(layout.bootstrap_servers, set(running), timeout=timeout)
+    wait_brokers_registered(layout.bootstrap_servers, set(running), timeout=timeout,
+                            props=layout.admin_properties())
 
 
 def start_node(layout: StackLayout, node: int) -> None:
@@ -132,7 +149,8 @@ def quorum_leader(layout: StackLayout) -> int | None:
 
 def status(layout: StackLayout, *, with_quorum: bool = True) -> StackStatus:
     report = StackStatus(state_dir=str(layout.state_dir), kafka_version=kafka_version(),
-                         bootstrap_servers=layout.bootstrap_servers)
+                         bootstrap_servers=layout.bootstrap_servers, secure=layout.secure,
+                         client_properties=str(layout.client_profile) if layout.secure else None)
     for node in layout.node_ids:
         pid = kafka_node.pid(layout, node)
         up_ = pid is not None and procs.port_open(HOST, layout.client_port(node))
@@ -168,6 +186,7 @@ def down(layout: StackLayout, *, purge: bool = False) -> dict:
         for node in layout.node_ids:
             shutil.rmtree(layout.node_dir(node), ignore_errors=True)
         shutil.rmtree(layout.pg_dir, ignore_errors=True)
-        for name in ("cluster.id", "stack.json"):
+        shutil.rmtree(layout.secure_dir, ignore_errors=True)
+        for name in ("cluster.id", "stack.json", "client.properties"):
             (layout.state_dir / name).unlink(missing_ok=True)
     return stopped

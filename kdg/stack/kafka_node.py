@@ -74,6 +74,10 @@ def render_config(layout: StackLayout, node: int) -> str:
         "log.retention.hours": 168,
         "log.segment.bytes": 64 * 1024 * 1024,
     }
+    if layout.secure:
+        from kdg.stack.secure import broker_settings
+
+        settings.update(broker_settings(layout, node, HOST))
     return "".join(f"{k}={v}\n" for k, v in settings.items())
 
 
@@ -103,9 +107,15 @@ def prepare(layout: StackLayout, node: int, cluster_id: str) -> None:
         return
     cmd = _java_cmd(layout, node, "kafka.tools.StorageTool", "format", "-t", cluster_id,
                     "-c", str(config_path(layout, node)), "--ignore-formatted")
+    if layout.secure:  # the SCRAM users go into the first metadata: they exist when the brokers start
+        from kdg.stack.secure import scram_format_args
+
+        cmd += scram_format_args(layout)
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise StackError(f"formatting broker {node}'s storage failed:\n{proc.stdout}{proc.stderr}")
+        from kdg.stack.secure import hide_passwords
+
+        raise StackError(hide_passwords(layout, f"formatting broker {node}'s storage failed:\n{proc.stdout}{proc.stderr}"))
 
 
 def is_running(layout: StackLayout, node: int) -> bool:
@@ -120,7 +130,8 @@ def start(layout: StackLayout, node: int) -> int:
     """Start ``node`` unless it runs already; return its pid."""
     if (p := pid(layout, node)) is not None:
         return p
-    for port in (layout.client_port(node), layout.controller_port(node), layout.faulty_port(node)):
+    ports = [layout.client_port(node), layout.controller_port(node), layout.faulty_port(node)]
+    for port in ports + ([layout.internal_port(node)] if layout.secure else []):
         if not procs.port_free(HOST, port):
             raise StackError(f"port {port} for broker {node} is taken by another process "
                              f"(choose other ports with --broker-port)")

@@ -24,6 +24,9 @@ class StackLayout:
     ``broker_port + 300 + i - 1``, advertises ``broker_port + 200 + i - 1``: the port where a
     fault proxy (``kdg chaos``) listens and forwards to it, so clients that bootstrap through
     the proxy keep talking through it after the first metadata response.
+
+    A ``secure`` stack's client and FAULTY listeners speak SASL_SSL (:mod:`kdg.stack.secure`); its
+    credentials live in ``client.properties`` (the client user) and ``secure/admin.properties``.
     """
 
     state_dir: Path
@@ -31,6 +34,7 @@ class StackLayout:
     broker_port: int = DEFAULT_BROKER_PORT
     pg_port: int = DEFAULT_PG_PORT
     external_pg_dsn: str | None = None
+    secure: bool = False
 
     @property
     def node_ids(self) -> list[int]:
@@ -47,6 +51,10 @@ class StackLayout:
 
     def faulty_port(self, node: int) -> int:
         return self.broker_port + 300 + node - 1
+
+    def internal_port(self, node: int) -> int:
+        """The brokers' own PLAINTEXT listener of a secure stack (a plaintext stack uses the client port)."""
+        return self.broker_port + 400 + node - 1
 
     @property
     def proxy_bootstrap(self) -> str:
@@ -78,6 +86,26 @@ class StackLayout:
 
     def node_dir(self, node: int) -> Path:
         return self.state_dir / f"broker-{node}"
+
+    @property
+    def secure_dir(self) -> Path:
+        return self.state_dir / "secure"
+
+    @property
+    def client_profile(self) -> Path | None:
+        """The client user's librdkafka profile of a secure stack (None on a plaintext one)."""
+        return self.state_dir / "client.properties" if self.secure else None
+
+    @property
+    def admin_profile(self) -> Path | None:
+        """The admin user's profile, for kdg's own checks of a secure stack (None on a plaintext one)."""
+        return self.secure_dir / "admin.properties" if self.secure else None
+
+    def admin_properties(self) -> dict[str, str]:
+        """What the stack's own clients (readiness, topic creation, chaos probes) connect with."""
+        from kdg.profile import read_profile
+
+        return read_profile(self.admin_profile, "stack admin profile") if self.secure else {}
 
     @property
     def pg_dir(self) -> Path:
