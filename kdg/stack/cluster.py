@@ -174,10 +174,7 @@ def status(layout: StackLayout, *, with_quorum: bool = True) -> StackStatus:
 
 def down(layout: StackLayout, *, purge: bool = False) -> dict:
     """Stop what ``up`` started (by the pids it recorded); ``purge`` also deletes the data."""
-    stopped = {"brokers": [], "postgres": False}
-    for node in layout.node_ids:
-        if kafka_node.stop(layout, node):
-            stopped["brokers"].append(node)
+    stopped = {"brokers": kafka_node.stop_all(layout, layout.node_ids), "postgres": False}
     if layout.uses_embedded_pg:
         stopped["postgres"] = postgres.stop(layout)
     if purge:

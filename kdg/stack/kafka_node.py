@@ -169,6 +169,14 @@ def stop(layout: StackLayout, node: int, *, hard: bool = False) -> bool:
     return True
 
 
+def stop_all(layout: StackLayout, nodes: list[int]) -> list[int]:
+    """Stop ``nodes`` together (SIGTERM to each, then wait): the quorum stays up while they shut down,
+    so none waits out the timeout alone. Returns the nodes that were running."""
+    running = {node: p for node in nodes if (p := pid(layout, node)) is not None}
+    procs.stop_pids(list(running.values()), timeout=60)
+    return list(running)
+
+
 def signal(layout: StackLayout, node: int, sig: int) -> bool:
     """Send ``sig`` (e.g. SIGSTOP / SIGCONT for a pause) to ``node``; False if it is not running."""
     import os
