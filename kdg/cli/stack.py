@@ -32,8 +32,15 @@ def _show(report, as_json: bool) -> None:
                           "yes" if b.controller else "")
         pg = report.postgres
         table.add_row("postgres", pg.dsn, str(pg.pid or "-"), flag(pg.up), "embedded" if pg.embedded else "external")
+        if spark := report.spark:
+            table.add_row("spark master", spark.master_url, str(spark.master_pid or "-"), flag(spark.master_up),
+                          spark.web_ui)
+            for w in spark.workers:
+                table.add_row(f"spark worker {w.worker}", str(w.port), str(w.pid or "-"), flag(w.up), "")
         console.print(table)
         console.print(f"bootstrap servers: [key]{report.bootstrap_servers}[/key]")
+        if spark:
+            console.print(f"spark master: [key]{spark.master_url}[/key] (or `--master stack`)")
     if not report.healthy:
         raise CheckFailed("some part of the stack is down")
 
@@ -44,6 +51,8 @@ def up(
     broker_port: Annotated[Optional[int], typer.Option(help="Client port of broker 1. [default: 19092]")] = None,
     pg_port: Annotated[Optional[int], typer.Option(help="Port of the embedded Postgres. [default: 15432]")] = None,
     pg_dsn: PgDsn = None,
+    spark_workers: Annotated[Optional[int], typer.Option(help="Also a Spark standalone master and this many "
+                             "workers (1 core, 1 GiB each) on 127.0.0.1; 0 stops them. Default: as before.")] = None,
     state_dir: StateDir = None,
     as_json: Json = False,
 ) -> None:
@@ -52,13 +61,13 @@ def up(
 
     layout = _layout(state_dir, brokers=brokers, broker_port=broker_port, pg_port=pg_port, pg_dsn=pg_dsn)
     with err_console.status(f"starting {layout.brokers} broker(s) and Postgres ..."):
-        report = run_up(layout, echo=err_console.print)
+        report = run_up(layout, echo=err_console.print, spark_workers=spark_workers)
     _show(report, as_json)
 
 
 @app.command()
 def status(state_dir: StateDir = None, as_json: Json = False) -> None:
-    """Show each broker, the controller quorum's leader and Postgres; exit 7 if anything is down."""
+    """Show each broker, the controller quorum's leader, Postgres and any Spark cluster; exit 7 if anything is down."""
     from kdg.stack.cluster import status as run_status
 
     _show(run_status(_layout(state_dir)), as_json)
@@ -79,6 +88,7 @@ def down(
     else:
         console.print(f"stopped brokers {stopped['brokers'] or 'none'}; "
                       f"postgres {'stopped' if stopped['postgres'] else 'was not running'}"
+                      + (f"; spark {', '.join(stopped['spark'])}" if stopped.get("spark") else "")
                       + ("; data deleted" if purge else ""))
 
 

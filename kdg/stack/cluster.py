@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kdg.errors import StackError, UsageError
-from kdg.stack import kafka_node, postgres, procs
+from kdg.stack import kafka_node, postgres, procs, spark_cluster
 from kdg.stack.jars import ensure_kafka_jars, java_classpath, kafka_version, require_java
 from kdg.stack.layout import HOST, StackLayout
 
@@ -35,13 +35,18 @@ class StackStatus:
     brokers: list[NodeStatus] = field(default_factory=list)
     postgres: PostgresStatus | None = None
     quorum_leader: int | None = None
+    spark: spark_cluster.SparkStatus | None = None  # only for a stack started with --spark-workers
 
     @property
     def healthy(self) -> bool:
-        return all(b.up for b in self.brokers) and bool(self.postgres and self.postgres.up)
+        return (all(b.up for b in self.brokers) and bool(self.postgres and self.postgres.up)
+                and (self.spark is None or self.spark.healthy))
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"healthy": self.healthy}
+        data = asdict(self) | {"healthy": self.healthy}
+        if self.spark is None:
+            del data["spark"]
+        return data
 
 
 def _cluster_id(layout: StackLayout) -> str:
@@ -69,10 +74,14 @@ def resolve_layout(state_dir: Path, *, brokers: int | None = None, broker_port: 
     )
 
 
-def up(layout: StackLayout, echo=print) -> StackStatus:
-    """Start every part of the stack that is not running; idempotent."""
+def up(layout: StackLayout, echo=print, *, spark_workers: int | None = None) -> StackStatus:
+    """Start every part of the stack that is not running; idempotent.
+
+    ``spark_workers``: a Spark master and that many workers too (0 stops them; None keeps what the stack had).
+    """
     if not 1 <= layout.brokers <= 9:
         raise UsageError(f"--brokers {layout.brokers}: must be between 1 and 9")
+    spark_cluster.check_workers(spark_workers)
     require_java()
     ensure_kafka_jars(echo)
     layout.save()
@@ -91,6 +100,7 @@ def up(layout: StackLayout, echo=print) -> StackStatus:
     from kdg.store.migrations import apply_migrations  # asyncpg is only needed once the stack runs
     apply_migrations(layout.pg_dsn)
     wait_cluster_ready(layout)
+    spark_cluster.up(layout, spark_workers, echo)
     return status(layout)
 
 
@@ -151,12 +161,15 @@ def status(layout: StackLayout, *, with_quorum: bool = True) -> StackStatus:
         from kdg.store.migrations import can_connect
 
         report.postgres = PostgresStatus(redact_dsn(layout.pg_dsn), False, None, can_connect(layout.pg_dsn))
+    report.spark = spark_cluster.status(layout)
     return report
 
 
 def down(layout: StackLayout, *, purge: bool = False) -> dict:
     """Stop what ``up`` started (by the pids it recorded); ``purge`` also deletes the data."""
     stopped = {"brokers": [], "postgres": False}
+    if spark := spark_cluster.down(layout):
+        stopped["spark"] = spark
     for node in layout.node_ids:
         if kafka_node.stop(layout, node):
             stopped["brokers"].append(node)
@@ -168,6 +181,7 @@ def down(layout: StackLayout, *, purge: bool = False) -> dict:
         for node in layout.node_ids:
             shutil.rmtree(layout.node_dir(node), ignore_errors=True)
         shutil.rmtree(layout.pg_dir, ignore_errors=True)
+        spark_cluster.purge(layout)
         for name in ("cluster.id", "stack.json"):
             (layout.state_dir / name).unlink(missing_ok=True)
     return stopped
