@@ -218,7 +218,7 @@ def _wait(layout: StackLayout, role: str, port: int, timeout: float = 90.0) -> N
                      f"last lines of {log}:\n{procs.tail(log)}")
 
 
-def _wait_registered(layout: StackLayout, workers: int, timeout: float = 60.0) -> None:
+def _wait_registered(layout: StackLayout, workers: int, timeout: float = 120.0) -> None:
     """Wait until the master counts ``workers`` live workers, so a job started now gets its executors."""
     deadline = time.monotonic() + timeout
     alive = 0
@@ -227,8 +227,9 @@ def _wait_registered(layout: StackLayout, workers: int, timeout: float = 60.0) -
         if alive >= workers:
             return
         time.sleep(0.3)
+    logs = [layout.state_dir / "logs" / f"spark-{role}.log" for role in ("master", "worker-1")]
     raise StackError(f"only {alive} of {workers} Spark worker(s) registered with the master within {timeout:.0f}s; "
-                     f"see {layout.state_dir / 'logs'}")
+                     + "".join(f"last lines of {log}:\n{procs.tail(log, 8)}\n" for log in logs))
 
 
 def master_json(layout: StackLayout) -> dict:
