@@ -142,7 +142,8 @@ _IN_PROCESS = textwrap.dedent("""
     out["report"] = report.to_dict()
     try:
         run_spark_replay(ReplayRequest(topic=keyless, guarantee="exactly-once", conn=conn, table=table + "_k",
-                                       master="stack", spark_conf=conf, echo=lambda _: None))
+                                       master="stack", spark_conf=conf | {"spark.cores.max": "1"},  # 1 executor
+                                       echo=lambda _: None))
     except KdgError as exc:
         out["failed"] = str(exc)
     out["env_changed"] = sorted(k for k in set(env) | set(os.environ) if env.get(k) != os.environ.get(k))

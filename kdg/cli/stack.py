@@ -33,8 +33,8 @@ def _show(report, as_json: bool) -> None:
         pg = report.postgres
         table.add_row("postgres", pg.dsn, str(pg.pid or "-"), flag(pg.up), "embedded" if pg.embedded else "external")
         if spark := report.spark:
-            table.add_row("spark master", spark.master_url, str(spark.master_pid or "-"), flag(spark.master_up),
-                          spark.web_ui)
+            table.add_row("spark master", spark.master_url.rsplit(":", 1)[1], str(spark.master_pid or "-"),
+                          flag(spark.master_up), f"web UI {spark.web_ui.rsplit(':', 1)[1]}")
             for w in spark.workers:
                 table.add_row(f"spark worker {w.worker}", str(w.port), str(w.pid or "-"), flag(w.up), "")
         console.print(table)
