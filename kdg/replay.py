@@ -68,7 +68,7 @@ class ReplayReport:
 
 def run_spark_replay(req: ReplayRequest) -> ReplayReport:
     from kdg.kafka.clients import spark_source_options
-    from kdg.spark.session import check_conf
+    from kdg.spark.session import check_conf, resolve_master
     from kdg.spark.writer import DeadLetterSpec, WriteSpec
     from kdg.store.pg import Store
 
@@ -82,6 +82,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
         raise UsageError("--chunk-rows must be at least 1")
     start, end = parse_bound(req.start, "--from"), parse_bound(req.end, "--to")
     check_conf(req.spark_conf)
+    master = resolve_master(req.master)  # `stack`: the local stack's Spark master, which must be running
     source_options = spark_source_options(req.conn.bootstrap_servers, req.conn.extra, policy)  # refused before any record
     replay_id = uuid.uuid4()
     with Store(req.conn.pg_dsn) as store:  # unreachable, or no kdg schema: a clear error before Spark starts
@@ -104,7 +105,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
                          dead_letters=DeadLetterSpec(policy.guarantee.value, req.conn.bootstrap_servers, req.topic,
                                                      req.conn.extra))
         try:
-            totals = _run_job(req, policy, ranges, spec, id_kind, id_arg, source_options)
+            totals = _run_job(req, master, policy, ranges, spec, id_kind, id_arg, source_options)
         except BaseException as exc:
             error = _explain(exc, policy)
             store.finish_replay(replay_id, req.group, req.topic, ranges, status="done" if record_first else "failed",
@@ -154,13 +155,14 @@ def _resolve(req: ReplayRequest, isolation: str, start, end, store) -> Ranges:
                          offsets_for_time=offsets_for_time)
 
 
-def _run_job(req: ReplayRequest, policy, ranges: Ranges, spec, id_kind, id_arg, source_options: dict) -> dict:
+def _run_job(req: ReplayRequest, master: str, policy, ranges: Ranges, spec, id_kind, id_arg,
+             source_options: dict) -> dict:
     from kdg.spark.job import kafka_frame, key_expression, run_write, sink_rows
     from kdg.spark.session import spark_session
 
     started = time.monotonic()
     # an exception leaves this block carrying spark_log, Spark's log file, for _explain to name
-    with spark_session(req.master, task_retries=policy.spark_task_retries, conf=req.spark_conf,
+    with spark_session(master, task_retries=policy.spark_task_retries, conf=req.spark_conf,
                        echo=req.echo) as run:
         job_started = time.monotonic()
         in_order = req.mapping is not None and (req.mapping.mode == "upsert" or req.mapping.on_tombstone == "delete")

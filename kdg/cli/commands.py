@@ -207,7 +207,8 @@ def spark_replay(
                      "kdg_events; created like it, the schema must exist). With --column or --mapping: your table.")] = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None,
-    master: Annotated[str, typer.Option(help="Spark master: local[*], spark://…, yarn, k8s://….")] = "local[*]",
+    master: Annotated[str, typer.Option(help="Spark master: local[*], spark://…, yarn, k8s://…, or stack for "
+                  "the local stack's Spark cluster (kdg stack up --spark-workers N).")] = "local[*]",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD "
                        "or offset.")] = None,
     chunk_rows: Annotated[int, typer.Option(help="Rows per Postgres transaction in a Spark task.")] = 20_000,

@@ -32,11 +32,18 @@ def _show(report, as_json: bool) -> None:
                           "yes" if b.controller else "")
         pg = report.postgres
         table.add_row("postgres", pg.dsn, str(pg.pid or "-"), flag(pg.up), "embedded" if pg.embedded else "external")
+        if spark := report.spark:
+            table.add_row("spark master", spark.master_url.rsplit(":", 1)[1], str(spark.master_pid or "-"),
+                          flag(spark.master_up), f"web UI {spark.web_ui.rsplit(':', 1)[1]}")
+            for w in spark.workers:
+                table.add_row(f"spark worker {w.worker}", str(w.port), str(w.pid or "-"), flag(w.up), "")
         console.print(table)
         console.print(f"bootstrap servers: [key]{report.bootstrap_servers}[/key]"
                       + (" (SASL_SSL)" if report.secure else ""))
         if report.client_properties:
             console.print(f"client profile: [key]{report.client_properties}[/key] (used by default against this stack)")
+        if spark:
+            console.print(f"spark master: [key]{spark.master_url}[/key] (or `--master stack`)")
     if not report.healthy:
         raise CheckFailed("some part of the stack is down")
 
@@ -50,6 +57,8 @@ def up(
     secure: Annotated[bool, typer.Option(
         "--secure", help="SASL_SSL client listener: a CA and broker certificate, SCRAM-SHA-512 users and ACLs; "
         "writes client.properties (mode 0600) into the state dir. Only when the stack is first made.")] = False,
+    spark_workers: Annotated[Optional[int], typer.Option(help="Also a Spark standalone master and this many "
+                             "workers (1 core, 1 GiB each) on 127.0.0.1; 0 stops them. Default: as before.")] = None,
     state_dir: StateDir = None,
     as_json: Json = False,
 ) -> None:
@@ -59,13 +68,13 @@ def up(
     layout = _layout(state_dir, brokers=brokers, broker_port=broker_port, pg_port=pg_port, pg_dsn=pg_dsn,
                      secure=secure or None)
     with err_console.status(f"starting {layout.brokers} broker(s) and Postgres ..."):
-        report = run_up(layout, echo=err_console.print)
+        report = run_up(layout, echo=err_console.print, spark_workers=spark_workers)
     _show(report, as_json)
 
 
 @app.command()
 def status(state_dir: StateDir = None, as_json: Json = False) -> None:
-    """Show each broker, the controller quorum's leader and Postgres; exit 7 if anything is down."""
+    """Show each broker, the controller quorum's leader, Postgres and any Spark cluster; exit 7 if anything is down."""
     from kdg.stack.cluster import status as run_status
 
     _show(run_status(_layout(state_dir)), as_json)
@@ -86,6 +95,7 @@ def down(
     else:
         console.print(f"stopped brokers {stopped['brokers'] or 'none'}; "
                       f"postgres {'stopped' if stopped['postgres'] else 'was not running'}"
+                      + (f"; spark {', '.join(stopped['spark'])}" if stopped.get("spark") else "")
                       + ("; data deleted" if purge else ""))
 
 

@@ -1,8 +1,12 @@
 """The Spark a replay runs in: the connector jars, task retries as the policy says, its log in a file.
 
-``local[*]`` by default; any ``--master`` works. Off the local master, executors run this package's
-code, so kdg ships itself to them as a zip (``addPyFile``); the compiled libraries it needs there
-(asyncpg, pyarrow) must be installed on the executors — see the README.
+``local[*]`` by default; any ``--master`` works, and ``stack`` means the local stack's Spark cluster
+(``kdg stack up --spark-workers N``). Off the local master, executors run this package's code, so kdg
+ships itself to them as a zip (``addPyFile``); the compiled libraries it needs there (asyncpg, pyarrow)
+must be installed on the executors — see the README. A master on 127.0.0.1 gets a driver on 127.0.0.1.
+
+What a session changes in this process is undone when it stops: the zip and its folder, the
+``sys.path`` entries PySpark adds, and the environment variables it (or kdg, ``PYSPARK_PYTHON``) set.
 
 Spark's JVM — in local mode its executors and their Python workers too — writes to
 ``<state dir>/logs/spark-<time>.log``, never to the terminal; a failed task is one line through
@@ -30,6 +34,7 @@ from kdg.stack.jars import require_java
 TASK_ATTEMPTS = 4  # Spark's own default for spark.task.maxFailures on a cluster
 _OWNED = {"spark.task.maxFailures"}
 _LOCAL = re.compile(r"^local(\[(\*|\d+)(,\s*\d+)?\])?$")
+_LOOPBACK = re.compile(r"^spark://(127\.0\.0\.1|localhost)(:\d+)?$")
 _PACKAGE = Path(kdg.__file__).resolve().parent  # shipped whole to executors off the local master
 _jvm_log: Path | None = None  # Spark's JVM outlives a stopped session in this process, and keeps its log file
 
@@ -47,6 +52,20 @@ def master_url(master: str, task_retries: bool) -> str:
     return f"local[{threads},{TASK_ATTEMPTS}]" if task_retries else f"local[{threads}]"
 
 
+def resolve_master(master: str) -> str:
+    """``stack`` → the URL of the local stack's running Spark master; any other master as given."""
+    if master.strip() != "stack":
+        return master
+    from kdg.stack.layout import StackLayout
+    from kdg.stack.spark_cluster import running_master_url
+
+    layout = StackLayout.load(default_state_dir())
+    if layout is None:
+        raise UsageError(f"--master stack: there is no local stack in {default_state_dir()} "
+                         "(`kdg stack up --spark-workers 2` starts one)")
+    return running_master_url(layout)
+
+
 def check_conf(conf: dict[str, str]) -> None:
     """Refuse Spark properties the guarantee owns (asked before anything runs or is recorded)."""
     owned = sorted(_OWNED & set(conf))
@@ -61,14 +80,18 @@ class SparkRun:
     carrying ``spark_log`` (that file), so whoever explains it can say where the details are.
     """
 
-    def __init__(self, spark, log: Path, failures: "_FailedTasks"):
+    def __init__(self, spark, log: Path, failures: "_FailedTasks", before: "_ProcessState"):
         self.spark, self.log = spark, log
-        self._failures, self._scratch = failures, None
+        self._failures, self._before, self._scratch, self._shipped = failures, before, None, None
 
     def ship_package(self) -> None:
         """Send this kdg package to the executors (``addPyFile``); its zip is removed on ``stop()``."""
+        from pyspark import SparkFiles
+
         self._scratch = Path(tempfile.mkdtemp(prefix="kdg-pyfiles-"))
-        self.spark.sparkContext.addPyFile(str(_package_zip(self._scratch)))
+        zipped = _package_zip(self._scratch)
+        self._shipped = Path(SparkFiles.getRootDirectory()) / zipped.name  # the driver's own copy
+        self.spark.sparkContext.addPyFile(str(zipped))
 
     def stop(self) -> None:
         try:
@@ -77,6 +100,9 @@ class SparkRun:
             self._failures.stop()
             if self._scratch:
                 shutil.rmtree(self._scratch, ignore_errors=True)
+            if self._shipped:  # Spark deletes its files folder on stop; should it not, the copy goes anyway
+                self._shipped.unlink(missing_ok=True)
+            self._before.restore()
 
     def __enter__(self) -> "SparkRun":
         return self
@@ -103,15 +129,19 @@ def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | Non
         "spark.ui.showConsoleProgress": "false",     # kdg draws its own progress
         "spark.driver.extraJavaOptions": f'-Dlog4j2.configurationFile="{log4j}" -Dkdg.spark.log="{log}"',
     }
+    if _LOOPBACK.match(master.strip()):  # executors on this machine reach the driver where the master is
+        settings |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
     if fault := os.environ.get("KDG_FAULT"):
         settings["spark.executorEnv.KDG_FAULT"] = fault
     settings.update(conf or {})
+    before = _ProcessState()
     try:
         spark = _start(settings, log)
     except BaseException as exc:
+        before.restore()
         exc.spark_log = log
         raise
-    run = SparkRun(spark, log, _FailedTasks(log, TASK_ATTEMPTS if task_retries else 1, echo))
+    run = SparkRun(spark, log, _FailedTasks(log, TASK_ATTEMPTS if task_retries else 1, echo), before)
     if not _LOCAL.match(master.strip()):
         try:
             run.ship_package()
@@ -157,6 +187,21 @@ def _workers_python():
             del os.environ["PYSPARK_PYTHON"]
         else:
             os.environ["PYSPARK_PYTHON"] = before
+
+
+class _ProcessState:
+    """This process's environment and ``sys.path`` as they were; ``restore()`` undoes what PySpark changed
+    while a session ran (``SPARK_BUFFER_SIZE``, ``SPARK_AUTH_SOCKET_TIMEOUT``, its files folder and each
+    ``addPyFile`` zip on ``sys.path``)."""
+
+    def __init__(self):
+        self.env, self.path = dict(os.environ), list(sys.path)
+
+    def restore(self) -> None:
+        for name in set(os.environ) - set(self.env):
+            del os.environ[name]
+        os.environ.update({k: v for k, v in self.env.items() if os.environ.get(k) != v})
+        sys.path[:] = [p for p in sys.path if p in self.path]
 
 
 def _package_zip(folder: Path) -> Path:

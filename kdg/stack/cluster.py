@@ -5,7 +5,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kdg.errors import StackError, UsageError
-from kdg.stack import kafka_node, postgres, procs
+from kdg.stack import kafka_node, postgres, procs, spark_cluster
 from kdg.stack.jars import ensure_kafka_jars, java_classpath, kafka_version, require_java
 from kdg.stack.layout import HOST, StackLayout
 
@@ -37,13 +37,18 @@ class StackStatus:
     quorum_leader: int | None = None
     secure: bool = False
     client_properties: str | None = None  # a secure stack's client profile (librdkafka names), mode 0600
+    spark: spark_cluster.SparkStatus | None = None  # only for a stack started with --spark-workers
 
     @property
     def healthy(self) -> bool:
-        return all(b.up for b in self.brokers) and bool(self.postgres and self.postgres.up)
+        return (all(b.up for b in self.brokers) and bool(self.postgres and self.postgres.up)
+                and (self.spark is None or self.spark.healthy))
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"healthy": self.healthy}
+        data = asdict(self) | {"healthy": self.healthy}
+        if self.spark is None:
+            del data["spark"]
+        return data
 
 
 def _cluster_id(layout: StackLayout) -> str:
@@ -79,10 +84,14 @@ def resolve_layout(state_dir: Path, *, brokers: int | None = None, broker_port: 
     )
 
 
-def up(layout: StackLayout, echo=print) -> StackStatus:
-    """Start every part of the stack that is not running; idempotent."""
+def up(layout: StackLayout, echo=print, *, spark_workers: int | None = None) -> StackStatus:
+    """Start every part of the stack that is not running; idempotent.
+
+    ``spark_workers``: a Spark master and that many workers too (0 stops them; None keeps what the stack had).
+    """
     if not 1 <= layout.brokers <= 9:
         raise UsageError(f"--brokers {layout.brokers}: must be between 1 and 9")
+    spark_cluster.check_workers(spark_workers)
     require_java()
     ensure_kafka_jars(echo)
     layout.save()
@@ -107,6 +116,7 @@ def up(layout: StackLayout, echo=print) -> StackStatus:
     wait_cluster_ready(layout)
     if layout.secure:
         secure.grant_client_acls(layout)
+    spark_cluster.up(layout, spark_workers, echo)
     return status(layout)
 
 
@@ -169,12 +179,16 @@ def status(layout: StackLayout, *, with_quorum: bool = True) -> StackStatus:
         from kdg.store.migrations import can_connect
 
         report.postgres = PostgresStatus(redact_dsn(layout.pg_dsn), False, None, can_connect(layout.pg_dsn))
+    report.spark = spark_cluster.status(layout)
     return report
 
 
 def down(layout: StackLayout, *, purge: bool = False) -> dict:
     """Stop what ``up`` started (by the pids it recorded); ``purge`` also deletes the data."""
-    stopped = {"brokers": kafka_node.stop_all(layout, layout.node_ids), "postgres": False}
+    stopped = {"brokers": [], "postgres": False}
+    if spark := spark_cluster.down(layout):
+        stopped["spark"] = spark
+    stopped["brokers"] = kafka_node.stop_all(layout, layout.node_ids)
     if layout.uses_embedded_pg:
         stopped["postgres"] = postgres.stop(layout)
     if purge:
@@ -184,6 +198,7 @@ def down(layout: StackLayout, *, purge: bool = False) -> dict:
             shutil.rmtree(layout.node_dir(node), ignore_errors=True)
         shutil.rmtree(layout.pg_dir, ignore_errors=True)
         shutil.rmtree(layout.secure_dir, ignore_errors=True)
+        spark_cluster.purge(layout)
         for name in ("cluster.id", "stack.json", "client.properties"):
             (layout.state_dir / name).unlink(missing_ok=True)
     return stopped
