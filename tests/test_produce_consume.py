@@ -1,6 +1,7 @@
-"""Produce → consume → audit on the real stack, for every guarantee and sink, without faults."""
+"""Produce → consume → audit on the real stack, for every guarantee and sink; deliveries the brokers refuse."""
 
 import json
+import uuid
 from pathlib import Path
 
 import pytest
@@ -38,8 +39,6 @@ def test_exactly_once_consumer_drops_keys_it_already_wrote(kdg, topic):
 
 def test_audit_counts_every_kind_of_discrepancy(kdg, topic, group, conn):
     """One of each: a row deleted (lost), a row written three times, a row nobody produced, a failed send."""
-    import uuid
-
     from kdg.store.pg import Store
 
     kdg("produce", topic, "-g", "at-least-once", "--count", 10, "--id", f"{topic}-{{seq}}", "--json")
@@ -126,3 +125,75 @@ def test_handler_runs_inside_the_sink_transaction(kdg, topic, group, conn):
             await c.close()
 
     assert asyncio.run(total()) == 1200
+
+
+def _landed(kdg, topic: str) -> dict[str, tuple[int, int]]:
+    """kdg-id → (partition, offset) of every record in ``topic``, read back from Kafka."""
+    lines = kdg("consume", topic, "-G", f"read-{topic}", "--sink", "stdout", "--format", "json", "-e").stdout
+    landed = {}
+    for env in map(json.loads, lines.splitlines()):
+        key = next(h["value"] for h in env["headers"] if h["name"] == "kdg-id")
+        assert key not in landed, f"{key} landed twice"
+        landed[key] = (env["partition"], env["offset"])
+    return landed
+
+
+def _some_too_large(conn, topic: str) -> tuple[str, set[str]]:
+    """A topic whose brokers refuse records over 1,000 bytes, and 300 input lines of which every tenth is 3,000."""
+    from kdg.kafka.admin import ensure_topic
+
+    ensure_topic(conn.bootstrap_servers, topic, partitions=3, config={"max.message.bytes": "1000"})
+    lines = ["x" * 3000 if i % 10 == 3 else f"small {i}" for i in range(300)]
+    return "\n".join(lines) + "\n", {f"{topic}-{i}" for i in range(300) if i % 10 == 3}
+
+
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+def test_only_records_the_brokers_acknowledged_count_when_some_deliveries_fail(kdg, conn, ledger):
+    """Brokers refuse the too-large records (MSG_SIZE_TOO_LARGE, not retriable): those are failed, the rest acked.
+
+    One record per request (-X batch.num.messages=1), so a refused record takes no other with it. The
+    ledger holds every acked record at the partition and offset it has in the topic, and the others as
+    failed; without the ledger the report's counts still add up to what landed.
+    """
+    from kdg.store.pg import Store
+
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    stdin, too_large = _some_too_large(conn, topic)
+    proc = kdg("produce", topic, "-g", "at-least-once", "--id", f"{topic}-{{seq}}", "-X", "batch.num.messages=1",
+               "--json", *([] if ledger else ["--no-ledger"]), stdin=stdin, check=False)
+    assert proc.returncode == 7, proc.stderr  # some records were not delivered
+    report = as_json(proc)
+    landed = _landed(kdg, topic)
+    assert set(landed) == {f"{topic}-{i}" for i in range(300)} - too_large
+    assert (report["sent"], report["acked"], report["failed"], report["unconfirmed"]) == (300, 270, 30, 0)
+    assert report["errors"] == {"MSG_SIZE_TOO_LARGE": 30}
+    with Store(conn.pg_dsn) as store:
+        rows = store.fetch("""SELECT idempotency_key, status, "partition", "offset", error FROM kdg_ledger
+                              WHERE topic = $1""", topic)
+    if not ledger:
+        assert rows == []
+        return
+    assert len(rows) == 300 and len({r["idempotency_key"] for r in rows}) == 300
+    acked = {r["idempotency_key"]: (r["partition"], r["offset"]) for r in rows if r["status"] == "acked"}
+    assert acked == landed
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert {r["idempotency_key"] for r in failed} == too_large
+    assert all(r["partition"] is None and r["offset"] is None and r["error"] for r in failed)
+
+
+def test_at_most_once_counts_refused_records_as_sent(kdg, conn):
+    """The weaker guarantee's anomaly: acks=0 hears no refusal, so records that never landed count as sent."""
+    from kdg.store.pg import Store
+
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    stdin, too_large = _some_too_large(conn, topic)
+    report = as_json(kdg("produce", topic, "-g", "at-most-once", "--id", f"{topic}-{{seq}}",
+                         "-X", "batch.num.messages=1", "--json", stdin=stdin, check=False))
+    landed = _landed(kdg, topic)
+    assert not too_large & set(landed)
+    assert report["sent"] == 300 and report["acked"] == 0 and report["unconfirmed"] + report["failed"] == 300
+    with Store(conn.pg_dsn) as store:
+        sent = {r["idempotency_key"] for r in store.fetch(
+            "SELECT idempotency_key FROM kdg_ledger WHERE topic = $1 AND status = 'sent'", topic)}
+    assert len(sent) == report["unconfirmed"]
+    assert sent - set(landed), "every record counted as sent landed: the refusals were not exercised"
