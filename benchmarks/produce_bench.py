@@ -183,7 +183,14 @@ def kdg_variants(layout, baseline: str | None, **variants) -> dict:
     return out
 
 
-def print_table(rows: list[dict], baseline: bool) -> None:
+def kdg_startup(layout, repeat: int) -> dict:
+    """What a kdg run costs before its first record: `kdg produce --count 1 --no-ledger`, medians."""
+    here = str(Path(__file__).resolve().parent.parent)
+    runs = [kdg_produce(layout, 100, 1, "at-least-once", False, here) for _ in range(repeat)]
+    return {k: round(statistics.median(r[k] for r in runs), 2) for k in ("cpu_s", "wall_s")}
+
+
+def print_table(rows: list[dict], baseline: bool, startup: dict) -> None:
     head = "| what | kdg | reference | ratio |" + (" kdg, baseline | ratio, baseline |" if baseline else "")
     print("\n" + head)
     print("|" + "---|" * head.count(" |"))
@@ -194,7 +201,8 @@ def print_table(rows: list[dict], baseline: bool) -> None:
             line += f" {r['baseline']['kdg']['median']:,.0f} | {r['baseline']['ratio']:.2f} |"
         print(line)
     print("\nwhat bounds each figure (medians: process CPU seconds / process wall seconds; machine busy cores "
-          f"of {os.cpu_count()}):")
+          f"of {os.cpu_count()}); a kdg process spends {startup['cpu_s']} s CPU / {startup['wall_s']} s wall "
+          "before its first record (kdg produce --count 1), the Java tool its JVM's start:")
     for r in rows:
         for label, m in (("kdg", r["kdg"]), (r["reference"]["what"], r["reference"])):
             print(f"  {r['what']} — {label}: cpu {m['median_cpu_s']} s / wall {m['median_wall_s']} s, "
@@ -219,6 +227,7 @@ def main() -> None:
     print(f"machine: {machine()}; stack: {layout.brokers} brokers on loopback")
     measures, rows = Measures(), []
     small, big = args.records, args.records // 2
+    startup = kdg_startup(layout, args.repeat)
     if "produce" in parts:
         print(f"produce: {small} records of 100 B")
         measures.repeat(args.repeat, {
@@ -248,12 +257,12 @@ def main() -> None:
                         "EOS 1 KB no-ledger", "kdg --no-ledger", args.baseline))
     if "consume" in parts:
         rows.append(consume_row(layout, args))
-    print_table(rows, bool(args.baseline))
+    print_table(rows, bool(args.baseline), startup)
     out = Path(args.json)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": machine(), "brokers": layout.brokers, "args": vars(args),
-                               "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "rows": rows,
-                               "runs": measures.runs}, indent=1) + "\n")
+                               "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kdg_startup": startup,
+                               "rows": rows, "runs": measures.runs}, indent=1) + "\n")
     print(f"\nwritten: {out}")
 
 
