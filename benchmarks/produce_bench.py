@@ -13,6 +13,8 @@ once, in an order rotated between repetitions, so drift on a shared machine hits
            1 KB exactly-once --no-ledger      vs kafka-producer-perf-test --transactional-id …
                                                  --transaction-duration-ms 100
            1 KB exactly-once, ledger          vs the same --no-ledger
+  commit   where an exactly-once commit's time goes: each 100 ms transaction of 1 KB records flushed first,
+           then committed (EndTxn, nothing left to flush), timed apart, in this process
   consume  exactly-once → Postgres (rows/s)   vs one asyncpg COPY of the same rows into the same table
 
 N records of 100 B, N/2 of 1 KB; kdg's exactly-once commits every 100 ms (--txn-interval-ms 100).
@@ -46,7 +48,7 @@ from kdg.kafka.admin import ensure_topic  # noqa: E402
 from kdg.kafka.producer import producer_config  # noqa: E402
 from kdg.stack.jars import java_classpath, require_java  # noqa: E402
 
-PARTS = ("produce", "eos", "consume")
+PARTS = ("produce", "eos", "commit", "consume")
 TXN_MS = 100
 # librdkafka-only keys (and kdg's logging hooks) have no Java equivalent; the rest are the same names in both
 _NOT_JAVA = {"queue.buffering.max.messages", "queue.buffering.max.kbytes", "logger", "log_level", "log.queue",
@@ -128,6 +130,45 @@ def consume_with_rss(layout, topic: str, group: str, table: str) -> tuple[dict, 
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     return json.loads(out), usage.ru_maxrss // 1024
+
+
+def commit_split(layout, records: int) -> dict:
+    """One exactly-once `run_produce` (1 KB, --no-ledger) whose every commit is a flush, then EndTxn, timed apart.
+
+    A second transactional producer could only overlap the EndTxn with the next transaction's sends: the
+    flush must come first, or records of the two transactions could interleave within a partition.
+    """
+    from kdg import sources
+    from kdg.kafka.producer import KdgProducer
+    from kdg.produce import ProduceRequest, run_produce
+    from kdg.settings import Connection
+
+    spans: dict[str, list[float]] = {"flush": [], "EndTxn": []}
+    commit = KdgProducer.commit
+
+    def timed_commit(producer) -> None:
+        started = time.perf_counter()
+        producer.flush(60)
+        flushed = time.perf_counter()
+        commit(producer)
+        spans["flush"].append(flushed - started)
+        spans["EndTxn"].append(time.perf_counter() - flushed)
+
+    KdgProducer.commit = timed_commit
+    try:
+        report = run_produce(ProduceRequest(
+            topic=fresh_topic("split"), guarantee="exactly-once", ledger=False, txn_size=1_000_000,
+            txn_interval_ms=TXN_MS, records=sources.synthetic(records, 1000, None, sources.LineOptions()),
+            conn=Connection(bootstrap_servers=layout.bootstrap_servers, pg_dsn=layout.pg_dsn)))
+    finally:
+        KdgProducer.commit = commit
+    out = {"msgs_per_s": report.msgs_per_s, "duration_s": report.duration_s, "transactions": report.transactions}
+    for name, xs in spans.items():
+        xs = sorted(xs)
+        out[name] = {"median_ms": round(statistics.median(xs) * 1e3, 1),
+                     "p90_ms": round(xs[int(len(xs) * 0.9)] * 1e3, 1),
+                     "total_s": round(sum(xs), 2), "share": round(sum(xs) / report.duration_s, 3)}
+    return out
 
 
 # -- repetitions, medians and the table ----------------------------------------------------------
@@ -255,6 +296,15 @@ def main() -> None:
                         args.baseline))
         rows.append(row(measures, f"produce 1 KB exactly-once ({TXN_MS} ms txns), with the ledger", "EOS 1 KB ledger",
                         "EOS 1 KB no-ledger", "kdg --no-ledger", args.baseline))
+    splits = []
+    if "commit" in parts:
+        print(f"commit: {big} records of 1 KB, exactly-once, {TXN_MS} ms transactions, flush and EndTxn timed apart")
+        for r in range(args.repeat):
+            splits.append(commit_split(layout, big))
+            print(f"  [{r + 1}/{args.repeat}] {splits[-1]['msgs_per_s']:,.0f}/s, {splits[-1]['transactions']} "
+                  "transactions; " + "; ".join(f"{k} median {v['median_ms']} ms, p90 {v['p90_ms']} ms, "
+                                              f"{v['share']:.0%} of the run"
+                                              for k, v in splits[-1].items() if isinstance(v, dict)), flush=True)
     if "consume" in parts:
         rows.append(consume_row(layout, args))
     print_table(rows, bool(args.baseline), startup)
@@ -262,7 +312,7 @@ def main() -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"machine": machine(), "brokers": layout.brokers, "args": vars(args),
                                "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "kdg_startup": startup,
-                               "rows": rows, "runs": measures.runs}, indent=1) + "\n")
+                               "rows": rows, "runs": measures.runs, "commit_split": splits}, indent=1) + "\n")
     print(f"\nwritten: {out}")
 
 
