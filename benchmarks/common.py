@@ -34,6 +34,15 @@ def fresh_topic(prefix: str) -> str:
     return f"bench-{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def drop_topic(layout, topic: str) -> None:
+    """Delete a topic a measurement is done with: repeated runs of replicated records fill a disk otherwise
+    (one full `make bench` with --baseline writes tens of GB across three brokers)."""
+    from kdg.kafka.clients import admin_client
+
+    future = admin_client(layout.bootstrap_servers).delete_topics([topic], operation_timeout=30)[topic]
+    future.result(60)
+
+
 def median(values):
     return round(statistics.median(values), 1)
 

@@ -41,7 +41,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import fresh_topic, machine, median, run_measured, stack  # noqa: E402
+from common import drop_topic, fresh_topic, machine, median, run_measured, stack  # noqa: E402
 
 from kdg.guarantees import policy_for  # noqa: E402
 from kdg.kafka.admin import ensure_topic  # noqa: E402
@@ -68,7 +68,10 @@ def java_perf(layout, size: int, records: int, guarantee: str, txn_ms: int | Non
            "--producer-props", *[f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in java_props.items()]]
     if txn_ms is not None:
         cmd += ["--transactional-id", f"{topic}-txn", "--transaction-duration-ms", str(txn_ms)]
-    out, usage = run_measured(cmd)
+    try:
+        out, usage = run_measured(cmd)
+    finally:
+        drop_topic(layout, topic)
     last = [line for line in out.splitlines() if "records sent" in line][-1]
     return {"rate": float(re.search(r"([\d.]+) records/sec", last).group(1)), **usage.to_dict()}
 
@@ -83,11 +86,15 @@ def kdg_produce(layout, size: int, records: int, guarantee: str, ledger: bool, k
         args.append("--no-ledger")
     env = {**os.environ, "PYTHONPATH": kdg_path, "KDG_BOOTSTRAP_SERVERS": layout.bootstrap_servers,
            "KDG_PG_DSN": layout.pg_dsn}
-    out, usage = run_measured([sys.executable, "-m", "kdg", *map(str, args)], env)
+    try:
+        out, usage = run_measured([sys.executable, "-m", "kdg", *map(str, args)], env)
+    finally:
+        drop_topic(layout, topic)
+        if ledger:
+            asyncio.run(_sql(layout.pg_dsn, ("DELETE FROM kdg_ledger WHERE topic = $1", topic),
+                             ("DELETE FROM kdg_producer_runs WHERE topic = $1", topic)))
     report = json.loads(out)
     assert report["sent"] == records and report["failed"] == 0, report
-    if ledger:
-        asyncio.run(_sql(layout.pg_dsn, ("DELETE FROM kdg_ledger WHERE topic = $1", topic)))
     return {"rate": report["msgs_per_s"], "transactions": report["transactions"], **usage.to_dict()}
 
 
@@ -155,13 +162,15 @@ def commit_split(layout, records: int) -> dict:
         spans["EndTxn"].append(time.perf_counter() - flushed)
 
     KdgProducer.commit = timed_commit
+    topic = fresh_topic("split")
     try:
         report = run_produce(ProduceRequest(
-            topic=fresh_topic("split"), guarantee="exactly-once", ledger=False, txn_size=1_000_000,
+            topic=topic, guarantee="exactly-once", ledger=False, txn_size=1_000_000,
             txn_interval_ms=TXN_MS, records=sources.synthetic(records, 1000, None, sources.LineOptions()),
             conn=Connection(bootstrap_servers=layout.bootstrap_servers, pg_dsn=layout.pg_dsn)))
     finally:
         KdgProducer.commit = commit
+        drop_topic(layout, topic)
     out = {"msgs_per_s": report.msgs_per_s, "duration_s": report.duration_s, "transactions": report.transactions}
     for name, xs in spans.items():
         xs = sorted(xs)
@@ -333,6 +342,9 @@ def consume_row(layout, args) -> dict:
         copy_rates.append(round(asyncio.run(raw_copy(layout.pg_dsn, ref, rows)), 1))
         asyncio.run(_sql(layout.pg_dsn, (f"DROP TABLE {sink}",), (f"DROP TABLE {ref}",),
                          ("DELETE FROM kdg_dedup WHERE sink_table = $1", sink)))
+    drop_topic(layout, topic)
+    asyncio.run(_sql(layout.pg_dsn, ("DELETE FROM kdg_ledger WHERE topic = $1", topic),
+                     ("DELETE FROM kdg_producer_runs WHERE topic = $1", topic)))
     print(f"consume exactly-once -> postgres x {report['consumed']}: consumer peak RSS {max(rss)} MB")
     nan = {"median_cpu_s": None, "median_wall_s": None, "median_busy_cores": None}
     return {"what": "consume exactly-once → Postgres (rows/s)",
