@@ -1,6 +1,7 @@
 """Produce → consume → audit on the real stack, for every guarantee and sink; deliveries the brokers refuse."""
 
 import json
+import re
 import uuid
 from pathlib import Path
 
@@ -197,3 +198,61 @@ def test_at_most_once_counts_refused_records_as_sent(kdg, conn):
             "SELECT idempotency_key FROM kdg_ledger WHERE topic = $1 AND status = 'sent'", topic)}
     assert len(sent) == report["unconfirmed"]
     assert sent - set(landed), "every record counted as sent landed: the refusals were not exercised"
+
+
+def _one_too_large(kdg, conn, refusing: str) -> str:
+    """A 1-partition topic of 100 records, the 51st (offset 50) 3,000 bytes, and the topic ``refusing``, whose
+    brokers take no record over 1,000 bytes."""
+    from kdg.kafka.admin import ensure_topic
+
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    ensure_topic(conn.bootstrap_servers, refusing.format(topic=topic), partitions=1,
+                 config={"max.message.bytes": "1000"})
+    lines = ["x" * 3000 if i == 50 else f"small {i}" for i in range(100)]
+    kdg("produce", topic, "-g", "at-least-once", "--id", f"{topic}-{{seq}}", "--json", stdin="\n".join(lines) + "\n")
+    return topic
+
+
+def _committed(conn, group: str, topic: str) -> int | None:
+    from confluent_kafka import Consumer
+
+    from kdg.kafka.consumer import committed_offsets
+
+    reader = Consumer({"bootstrap.servers": conn.bootstrap_servers, "group.id": group})
+    try:
+        return committed_offsets(reader, topic, [0])[0]
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_dead_letter_kafka_refuses_stops_the_consumer_and_loses_nothing(kdg, conn, group, guarantee):
+    """The 3,000-byte record is over --max-bytes, so a dead letter, and its DLQ topic refuses it
+    (MSG_SIZE_TOO_LARGE): the consumer stops with that error, its batch unwritten; run again with a
+    --max-bytes that lets it through, the record is written and the audit finds nothing lost."""
+    topic = _one_too_large(kdg, conn, "{topic}.dlq")
+    proc = kdg("consume", topic, "-G", group, "-g", guarantee, "-e", "--batch-size", 10, "--max-bytes", 2000,
+               "--json", check=False)
+    assert proc.returncode == 6, proc.stderr
+    assert f"dead letters to {topic}.dlq were refused by Kafka: 1 MSG_SIZE_TOO_LARGE" in proc.stderr
+    assert audited(kdg, topic, "-G", group)["processed_unique"] == 50  # the batches before the refused one
+    again = as_json(kdg("consume", topic, "-G", group, "-g", guarantee, "-e", "--batch-size", 10, "--json"))
+    assert (again["consumed"], again["dead_lettered"]) == (50, 0)
+    audit = audited(kdg, topic, "-G", group)
+    assert (audit["processed_unique"], audit["lost"], audit["duplicates"]) == (100, 0, 0)
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_record_the_kafka_sinks_topic_refuses_stops_the_consumer_before_its_offsets_move(kdg, conn, group,
+                                                                                            guarantee):
+    """The output topic refuses the 3,000-byte record: the consumer stops with that error and the group's
+    offset stays at the refused record's batch (offset 50), so a later run reads it again."""
+    out = "{topic}-out"
+    topic = _one_too_large(kdg, conn, out)
+    proc = kdg("consume", topic, "-G", group, "-g", guarantee, "--sink", f"kafka:{out.format(topic=topic)}", "-e",
+               "--batch-size", 10, "--json", check=False)
+    assert proc.returncode == 6, proc.stderr
+    # the refused record's whole produce request is refused with it: 1 to 10 records
+    assert re.search(r"were refused by Kafka: \d+ MSG_SIZE_TOO_LARGE", proc.stderr), proc.stderr
+    assert _committed(conn, group, topic) == 50

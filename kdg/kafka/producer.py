@@ -60,6 +60,12 @@ def _arrive(append, key: str, seq: int, err: KafkaError | None, msg) -> None:
         append((key, seq, None, None, err.name(), err.str()))
 
 
+def refused(what: str, failures: Counter[str]) -> DeliveryError:
+    """The error for records Kafka refused: ``what`` names them, ``failures`` counts them by error name."""
+    reasons = ", ".join(f"{n} {name}" for name, n in failures.most_common())
+    return DeliveryError(f"{what} were refused by Kafka: {reasons}")
+
+
 class KdgProducer:
     """A producer bound to one delivery policy.
 
@@ -122,6 +128,17 @@ class KdgProducer:
     def flush(self, timeout: float = 120) -> int:
         remaining = self._producer.flush(timeout)
         return remaining
+
+    def deliver(self, what: str, timeout: float = 120) -> None:
+        """Flush, then raise :class:`DeliveryError` unless every record sent so far was delivered: none
+        refused since the last :meth:`take_failures` (so only without ``every_report``), none still waiting
+        after ``timeout`` seconds. ``what`` names the records, e.g. ``"dead letters to orders.dlq"``."""
+        remaining = self.flush(timeout)
+        failures = self.take_failures()
+        if failures:
+            raise refused(what, failures)
+        if remaining:
+            raise DeliveryError(f"{what} were not acknowledged: {remaining} still waiting after {timeout:.0f} s")
 
     def __len__(self) -> int:
         return len(self._producer)
