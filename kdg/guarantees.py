@@ -188,6 +188,7 @@ OWNED = {
     "max.in.flight": "the guarantee decides how many requests may be in flight",
     "retries": "the guarantee decides retries",
     "message.send.max.retries": "the guarantee decides retries",
+    "delivery.report.only.error": "kdg decides which delivery reports it reads (the ledger needs every record's)",
 }
 
 

@@ -2,15 +2,19 @@
 
 import time
 import uuid
+from collections import Counter
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from kdg.errors import DeliveryError, TransactionAborted
 from kdg.guarantees import policy_for
 from kdg.kafka.admin import ensure_topic
-from kdg.kafka.producer import KdgProducer
+from kdg.kafka.producer import DeliveryReports, KdgProducer
 from kdg.records import ID_HEADER, SEQ_HEADER, Record, id_maker
 from kdg.settings import Connection
+
+if TYPE_CHECKING:
+    from kdg.store.ledger import LedgerWriter
 
 LEDGER_BATCH = 20_000
 MAX_TXN_RETRIES = 5
@@ -51,34 +55,69 @@ class ProduceReport:
         return asdict(self)
 
 
-class _Ledger:
-    """Collects delivery outcomes and COPYs them to Postgres in batches (or only counts them)."""
+class _Outcomes:
+    """What became of the records sent: counted in the report and, with the ledger, a row each in Postgres.
 
-    def __init__(self, report: ProduceReport, store, run_id, topic: str, acks_expected: bool):
-        self.report, self.store, self.run_id, self.topic = report, store, run_id, topic
-        self.acks_expected = acks_expected
+    A delivered record is 'acked' (with its partition and offset) when ``confirms`` (the policy's
+    ``confirms_delivery``: a broker answered), else only 'sent' (acks=0: no answer is ever expected);
+    a failed one is 'failed' with Kafka's reason. With the ledger every record's delivery report is
+    read; without it librdkafka reports failures only, and a record that is neither waiting in the
+    producer nor reported failed was delivered.
+    """
+
+    def __init__(self, report: ProduceReport, ledger: "LedgerWriter | None", run_id, topic: str, confirms: bool):
+        self.report, self.ledger, self.run_id, self.topic, self.confirms = report, ledger, run_id, topic, confirms
         self.rows: list[tuple] = []
 
-    def outcome(self, key: str, seq: int, err, msg) -> None:
-        if err is not None:
-            self.report.failed += 1
-            self.report.errors[err.name()] = self.report.errors.get(err.name(), 0) + 1
-            row = (self.run_id, key, self.topic, seq, "failed", None, None, err.str())
-        elif not self.acks_expected:
-            self.report.unconfirmed += 1
-            row = (self.run_id, key, self.topic, seq, "sent", msg.partition(), None, None)
-        else:
-            self.report.acked += 1
-            row = (self.run_id, key, self.topic, seq, "acked", msg.partition(), msg.offset(), None)
-        if self.store is not None:
-            self.rows.append(row)
-            if len(self.rows) >= LEDGER_BATCH:
-                self.write()
+    @property
+    def needs_every_report(self) -> bool:
+        return self.ledger is not None
 
-    def write(self) -> None:
-        if self.store is not None and self.rows:
-            self.store.copy_ledger(self.rows)
+    def settle(self, producer: KdgProducer, reports: DeliveryReports | None, sent: int) -> None:
+        """Account for what ``producer`` settled: the ``reports`` that arrived or, without the ledger, the
+        ``sent`` records (those sent since the last call) less the ones still waiting in the producer and the
+        ones reported failed."""
+        if reports is not None:
+            self._record(reports.take())
+            return
+        failures = producer.take_failures()
+        failed = sum(failures.values())
+        self._count(sent - failed - len(producer), failed, failures)
+
+    def _count(self, delivered: int, failed: int, errors: Counter) -> None:
+        if self.confirms:
+            self.report.acked += delivered
+        else:
+            self.report.unconfirmed += delivered
+        self.report.failed += failed
+        for name, n in errors.items():
+            self.report.errors[name] = self.report.errors.get(name, 0) + n
+
+    def _record(self, deliveries: list[tuple]) -> None:
+        run_id, topic, confirms, rows = self.run_id, self.topic, self.confirms, self.rows
+        status = "acked" if confirms else "sent"
+        errors: Counter = Counter()
+        for key, seq, partition, offset, error, reason in deliveries:
+            if error is None:
+                rows.append((run_id, key, topic, seq, status, partition, offset if confirms else None, None))
+            else:
+                errors[error] += 1
+                rows.append((run_id, key, topic, seq, "failed", None, None, reason))
+        failed = sum(errors.values())
+        self._count(len(deliveries) - failed, failed, errors)
+        if len(rows) >= LEDGER_BATCH:
+            self._write()
+
+    def _write(self) -> None:
+        if self.ledger is not None and self.rows:
+            self.ledger.write(self.rows)
             self.rows = []
+
+    def close(self) -> None:
+        """Hand the last rows to the ledger and wait until it has written them all."""
+        if self.ledger is not None:
+            self._write()
+            self.ledger.close()
 
 
 def _stamp(rec: Record, seq: int, make_id) -> tuple[str, int]:
@@ -108,66 +147,84 @@ def run_produce(req: ProduceRequest) -> ProduceReport:
     report = ProduceReport(guarantee=policy.guarantee.value, topic=req.topic, run_id=str(run_id))
     txn_id = req.transactional_id or f"kdg-produce-{req.topic}"
     # vet the configuration first, then reach Kafka (ensure_topic answers "unreachable" in seconds), then
-    # register the transactional.id, which would otherwise wait out its own timeouts on a dead cluster
-    producer = KdgProducer(policy, req.conn.bootstrap_servers, req.conn.extra, transactional_id=txn_id, init=False)
+    # register the transactional.id, which would otherwise wait out its own timeouts on a dead cluster;
+    # only the ledger needs each record's delivery report, else librdkafka reports failures only
+    producer = KdgProducer(policy, req.conn.bootstrap_servers, req.conn.extra, transactional_id=txn_id, init=False,
+                           every_report=req.ledger)
     ensure_topic(req.conn.bootstrap_servers, req.topic, partitions=req.partitions, extra=req.conn.extra)
     producer.init()
-    store = None
+    store = ledger = None
     if req.ledger:
+        from kdg.store.ledger import LedgerWriter
         from kdg.store.pg import Store
 
         store = Store(req.conn.pg_dsn)
         store.start_run(run_id, req.topic, policy.guarantee.value)
-    ledger = _Ledger(report, store, run_id, req.topic, acks_expected=policy.confirms_delivery)
+        ledger = LedgerWriter(store)  # COPYs on its own thread until closed
+    outcomes = _Outcomes(report, ledger, run_id, req.topic, confirms=policy.confirms_delivery)
     make_id = id_maker(req.id_template)
     started = time.monotonic()
     try:
-        if policy.transactional:
-            _send_transactional(req, producer, ledger, make_id, report)
-        else:
-            _send_plain(req, producer, ledger, make_id, report)
-    except KeyboardInterrupt:
-        report.interrupted = True
-        if producer.in_transaction:
-            producer.abort()
-        else:
-            producer.flush(30)
+        try:
+            if policy.transactional:
+                _send_transactional(req, producer, outcomes, make_id, report)
+            else:
+                _send_plain(req, producer, outcomes, make_id, report)
+        except KeyboardInterrupt:
+            report.interrupted = True
+            if producer.in_transaction:
+                producer.abort()
+        finally:
+            outcomes.close()  # the run lasts until its ledger is written
     finally:
         report.duration_s = round(time.monotonic() - started, 3)
         report.msgs_per_s = round(report.sent / report.duration_s, 1) if report.duration_s else 0.0
-        ledger.write()
         if store is not None:
             store.finish_run(run_id, report.to_dict())
             store.close()
     return report
 
 
-def _send_plain(req, producer, ledger, make_id, report) -> None:
-    track = ledger.store is not None
-    count_only = lambda err, msg: ledger.outcome("", 0, err, msg)  # noqa: E731  (one callback, no ledger rows)
-    for seq, rec in enumerate(req.records):
-        key, seq = _stamp(rec, seq, make_id)
-        cb = (lambda err, msg, k=key, s=seq: ledger.outcome(k, s, err, msg)) if track else count_only
-        producer.send(req.topic, rec.value, rec.key, rec.headers, rec.partition, on_delivery=cb)
-        report.sent += 1
-        if report.sent % 1000 == 0:
-            producer.poll(0)
-            if req.progress:
-                req.progress(report.sent)
-    remaining = producer.flush(120)
+def _send_plain(req, producer, outcomes, make_id, report) -> None:
+    """Records go out as they come; each counts once its delivery is settled (see :class:`_Outcomes`).
+
+    Interrupted, what was sent gets 30 s to be delivered before it is counted.
+    """
+    reports = DeliveryReports() if outcomes.needs_every_report else None
+    track = reports.tracker if reports is not None else None
+    send, topic = producer.send, req.topic
+    remaining = 0
+    try:
+        for seq, rec in enumerate(req.records):
+            key, seq = _stamp(rec, seq, make_id)
+            send(topic, rec.value, rec.key, rec.headers, rec.partition, track(key, seq) if track else None)
+            report.sent += 1
+            if report.sent % 1000 == 0:
+                producer.poll(0)
+                if reports is not None and report.sent % LEDGER_BATCH == 0:
+                    outcomes.settle(producer, reports, report.sent)
+                if req.progress:
+                    req.progress(report.sent)
+    except KeyboardInterrupt:
+        producer.flush(30)
+        raise
+    else:
+        remaining = producer.flush(120)
+    finally:
+        outcomes.settle(producer, reports, report.sent)
     if remaining:
         raise DeliveryError(f"{remaining} records were still undelivered after 120 s")
     if req.progress:
         req.progress(report.sent)
 
 
-def _send_transactional(req, producer, ledger, make_id, report) -> None:
+def _send_transactional(req, producer, outcomes, make_id, report) -> None:
     """Records go out as they come, inside a transaction committed every ``txn_size`` records or
     ``txn_interval_ms``, whichever comes first.
 
-    A transaction Kafka makes us abort is re-sent whole; delivery reports only count once it commits.
+    A transaction Kafka makes us abort is re-sent whole; its records only count once it commits.
     """
-    txn = _Transaction(req, producer, ledger, report)
+    txn = _Transaction(req, producer, outcomes, report)
     for seq, rec in enumerate(req.records):
         key, seq = _stamp(rec, seq, make_id)
         txn.add(rec, key, seq)
@@ -180,13 +237,14 @@ def _send_transactional(req, producer, ledger, make_id, report) -> None:
 class _Transaction:
     """The open transaction: its records (kept to re-send after an abort) and their delivery reports."""
 
-    def __init__(self, req, producer, ledger, report):
-        self.req, self.producer, self.ledger, self.report = req, producer, ledger, report
-        self.track = ledger.store is not None
+    def __init__(self, req, producer, outcomes, report):
+        self.req, self.producer, self.outcomes, self.report = req, producer, outcomes, report
         self.records: list[tuple[Record, str, int]] = []
-        self.outcomes: list[tuple] = []
+        self.reports = self._new_reports()
         self.deadline = 0.0
-        self._count_only = lambda err, msg: self.outcomes.append(("", 0, err, msg))
+
+    def _new_reports(self) -> DeliveryReports | None:
+        return DeliveryReports() if self.outcomes.needs_every_report else None
 
     def add(self, rec: Record, key: str, seq: int) -> None:
         if not self.records:
@@ -196,9 +254,8 @@ class _Transaction:
         self._send(rec, key, seq)
 
     def _send(self, rec: Record, key: str, seq: int) -> None:
-        outcomes = self.outcomes
-        cb = (lambda err, msg, k=key, s=seq: outcomes.append((k, s, err, msg))) if self.track else self._count_only
-        self.producer.send(self.req.topic, rec.value, rec.key, rec.headers, rec.partition, on_delivery=cb)
+        cb = self.reports.tracker(key, seq) if self.reports is not None else None
+        self.producer.send(self.req.topic, rec.value, rec.key, rec.headers, rec.partition, cb)
 
     def commit(self) -> None:
         for attempt in range(MAX_TXN_RETRIES):
@@ -208,16 +265,17 @@ class _Transaction:
             except TransactionAborted:
                 self.producer.abort()
                 self.report.aborted_transactions += 1
-                self.outcomes.clear()
+                # the aborted attempt's records were purged and reported failed: they are sent again
+                self.producer.take_failures()
+                self.reports = self._new_reports()
                 self.producer.begin()
                 for rec, key, seq in self.records:
                     self._send(rec, key, seq)
         else:
             raise DeliveryError(f"a transaction was aborted {MAX_TXN_RETRIES} times in a row; stopping")
-        for outcome in self.outcomes:
-            self.ledger.outcome(*outcome)
+        self.outcomes.settle(self.producer, self.reports, len(self.records))
         self.report.sent += len(self.records)
         self.report.transactions += 1
-        self.records, self.outcomes = [], []
+        self.records, self.reports = [], self._new_reports()
         if self.req.progress:
             self.req.progress(self.report.sent)

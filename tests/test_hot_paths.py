@@ -10,7 +10,7 @@ import pytest
 from kdg.consume import ConsumeRequest, KeyResolver, _sort
 from kdg.errors import UsageError
 from kdg.produce import _stamp
-from kdg.records import Record, id_maker, uuid7
+from kdg.records import Record, Uuid7Maker, id_maker, uuid7
 from kdg.settings import Connection
 from kdg.store.rows import headers_json as _headers_json
 
@@ -57,9 +57,10 @@ def test_sort_refuses_a_keyless_record_when_keys_are_required():
         _sort([_msg(2, 5)], KeyResolver(None), req, must_have_key=True)
 
 
-def test_uuid7_is_a_version_7_uuid_ordered_by_time():
+@pytest.mark.parametrize("make", [uuid7, Uuid7Maker(keys_per_block=100)], ids=["one-off", "maker, many blocks"])
+def test_uuid7_is_a_version_7_uuid_ordered_by_time(make):
     before = time.time_ns() // 1_000_000
-    keys = [uuid7() for _ in range(20_000)]
+    keys = [make() for _ in range(20_000)]
     after = time.time_ns() // 1_000_000
     assert len(set(keys)) == len(keys)
     for key in keys[:100] + keys[-100:]:

@@ -1,6 +1,8 @@
-"""Produce → consume → audit on the real stack, for every guarantee and sink, without faults."""
+"""Produce → consume → audit on the real stack, for every guarantee and sink; deliveries the brokers refuse."""
 
 import json
+import re
+import uuid
 from pathlib import Path
 
 import pytest
@@ -38,8 +40,6 @@ def test_exactly_once_consumer_drops_keys_it_already_wrote(kdg, topic):
 
 def test_audit_counts_every_kind_of_discrepancy(kdg, topic, group, conn):
     """One of each: a row deleted (lost), a row written three times, a row nobody produced, a failed send."""
-    import uuid
-
     from kdg.store.pg import Store
 
     kdg("produce", topic, "-g", "at-least-once", "--count", 10, "--id", f"{topic}-{{seq}}", "--json")
@@ -126,3 +126,133 @@ def test_handler_runs_inside_the_sink_transaction(kdg, topic, group, conn):
             await c.close()
 
     assert asyncio.run(total()) == 1200
+
+
+def _landed(kdg, topic: str) -> dict[str, tuple[int, int]]:
+    """kdg-id → (partition, offset) of every record in ``topic``, read back from Kafka."""
+    lines = kdg("consume", topic, "-G", f"read-{topic}", "--sink", "stdout", "--format", "json", "-e").stdout
+    landed = {}
+    for env in map(json.loads, lines.splitlines()):
+        key = next(h["value"] for h in env["headers"] if h["name"] == "kdg-id")
+        assert key not in landed, f"{key} landed twice"
+        landed[key] = (env["partition"], env["offset"])
+    return landed
+
+
+def _some_too_large(conn, topic: str) -> tuple[str, set[str]]:
+    """A topic whose brokers refuse records over 1,000 bytes, and 300 input lines of which every tenth is 3,000."""
+    from kdg.kafka.admin import ensure_topic
+
+    ensure_topic(conn.bootstrap_servers, topic, partitions=3, config={"max.message.bytes": "1000"})
+    lines = ["x" * 3000 if i % 10 == 3 else f"small {i}" for i in range(300)]
+    return "\n".join(lines) + "\n", {f"{topic}-{i}" for i in range(300) if i % 10 == 3}
+
+
+@pytest.mark.parametrize("ledger", [True, False], ids=["ledger", "no-ledger"])
+def test_only_records_the_brokers_acknowledged_count_when_some_deliveries_fail(kdg, conn, ledger):
+    """Brokers refuse the too-large records (MSG_SIZE_TOO_LARGE, not retriable): those are failed, the rest acked.
+
+    One record per request (-X batch.num.messages=1), so a refused record takes no other with it. The
+    ledger holds every acked record at the partition and offset it has in the topic, and the others as
+    failed; without the ledger the report's counts still add up to what landed.
+    """
+    from kdg.store.pg import Store
+
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    stdin, too_large = _some_too_large(conn, topic)
+    proc = kdg("produce", topic, "-g", "at-least-once", "--id", f"{topic}-{{seq}}", "-X", "batch.num.messages=1",
+               "--json", *([] if ledger else ["--no-ledger"]), stdin=stdin, check=False)
+    assert proc.returncode == 7, proc.stderr  # some records were not delivered
+    report = as_json(proc)
+    landed = _landed(kdg, topic)
+    assert set(landed) == {f"{topic}-{i}" for i in range(300)} - too_large
+    assert (report["sent"], report["acked"], report["failed"], report["unconfirmed"]) == (300, 270, 30, 0)
+    assert report["errors"] == {"MSG_SIZE_TOO_LARGE": 30}
+    with Store(conn.pg_dsn) as store:
+        rows = store.fetch("""SELECT idempotency_key, status, "partition", "offset", error FROM kdg_ledger
+                              WHERE topic = $1""", topic)
+    if not ledger:
+        assert rows == []
+        return
+    assert len(rows) == 300 and len({r["idempotency_key"] for r in rows}) == 300
+    acked = {r["idempotency_key"]: (r["partition"], r["offset"]) for r in rows if r["status"] == "acked"}
+    assert acked == landed
+    failed = [r for r in rows if r["status"] == "failed"]
+    assert {r["idempotency_key"] for r in failed} == too_large
+    assert all(r["partition"] is None and r["offset"] is None and r["error"] for r in failed)
+
+
+def test_at_most_once_counts_refused_records_as_sent(kdg, conn):
+    """The weaker guarantee's anomaly: acks=0 hears no refusal, so records that never landed count as sent."""
+    from kdg.store.pg import Store
+
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    stdin, too_large = _some_too_large(conn, topic)
+    report = as_json(kdg("produce", topic, "-g", "at-most-once", "--id", f"{topic}-{{seq}}",
+                         "-X", "batch.num.messages=1", "--json", stdin=stdin, check=False))
+    landed = _landed(kdg, topic)
+    assert not too_large & set(landed)
+    assert report["sent"] == 300 and report["acked"] == 0 and report["unconfirmed"] + report["failed"] == 300
+    with Store(conn.pg_dsn) as store:
+        sent = {r["idempotency_key"] for r in store.fetch(
+            "SELECT idempotency_key FROM kdg_ledger WHERE topic = $1 AND status = 'sent'", topic)}
+    assert len(sent) == report["unconfirmed"]
+    assert sent - set(landed), "every record counted as sent landed: the refusals were not exercised"
+
+
+def _one_too_large(kdg, conn, refusing: str) -> str:
+    """A 1-partition topic of 100 records, the 51st (offset 50) 3,000 bytes, and the topic ``refusing``, whose
+    brokers take no record over 1,000 bytes."""
+    from kdg.kafka.admin import ensure_topic
+
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    ensure_topic(conn.bootstrap_servers, refusing.format(topic=topic), partitions=1,
+                 config={"max.message.bytes": "1000"})
+    lines = ["x" * 3000 if i == 50 else f"small {i}" for i in range(100)]
+    kdg("produce", topic, "-g", "at-least-once", "--id", f"{topic}-{{seq}}", "--json", stdin="\n".join(lines) + "\n")
+    return topic
+
+
+def _committed(conn, group: str, topic: str) -> int | None:
+    from confluent_kafka import Consumer
+
+    from kdg.kafka.consumer import committed_offsets
+
+    reader = Consumer({"bootstrap.servers": conn.bootstrap_servers, "group.id": group})
+    try:
+        return committed_offsets(reader, topic, [0])[0]
+    finally:
+        reader.close()
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_dead_letter_kafka_refuses_stops_the_consumer_and_loses_nothing(kdg, conn, group, guarantee):
+    """The 3,000-byte record is over --max-bytes, so a dead letter, and its DLQ topic refuses it
+    (MSG_SIZE_TOO_LARGE): the consumer stops with that error, its batch unwritten; run again with a
+    --max-bytes that lets it through, the record is written and the audit finds nothing lost."""
+    topic = _one_too_large(kdg, conn, "{topic}.dlq")
+    proc = kdg("consume", topic, "-G", group, "-g", guarantee, "-e", "--batch-size", 10, "--max-bytes", 2000,
+               "--json", check=False)
+    assert proc.returncode == 6, proc.stderr
+    assert f"dead letters to {topic}.dlq were refused by Kafka: 1 MSG_SIZE_TOO_LARGE" in proc.stderr
+    assert audited(kdg, topic, "-G", group)["processed_unique"] == 50  # the batches before the refused one
+    again = as_json(kdg("consume", topic, "-G", group, "-g", guarantee, "-e", "--batch-size", 10, "--json"))
+    assert (again["consumed"], again["dead_lettered"]) == (50, 0)
+    audit = audited(kdg, topic, "-G", group)
+    assert (audit["processed_unique"], audit["lost"], audit["duplicates"]) == (100, 0, 0)
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_record_the_kafka_sinks_topic_refuses_stops_the_consumer_before_its_offsets_move(kdg, conn, group,
+                                                                                            guarantee):
+    """The output topic refuses the 3,000-byte record: the consumer stops with that error and the group's
+    offset stays at the refused record's batch (offset 50), so a later run reads it again."""
+    out = "{topic}-out"
+    topic = _one_too_large(kdg, conn, out)
+    proc = kdg("consume", topic, "-G", group, "-g", guarantee, "--sink", f"kafka:{out.format(topic=topic)}", "-e",
+               "--batch-size", 10, "--json", check=False)
+    assert proc.returncode == 6, proc.stderr
+    # the refused record's whole produce request is refused with it: 1 to 10 records
+    assert re.search(r"were refused by Kafka: \d+ MSG_SIZE_TOO_LARGE", proc.stderr), proc.stderr
+    assert _committed(conn, group, topic) == 50

@@ -1,6 +1,9 @@
-"""The one module that owns confluent-kafka's Producer: config from the policy, sends, transactions, errors."""
+"""The one module that owns confluent-kafka's Producer: config from the policy, sends, delivery reports,
+transactions, errors."""
 
 import time
+from collections import Counter
+from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException
 
@@ -24,20 +27,69 @@ def producer_config(policy: DeliveryPolicy, bootstrap: str, extra: dict, transac
     return config
 
 
+_ANY_PARTITION = -1  # RD_KAFKA_PARTITION_UA: librdkafka's partitioner chooses
+
+
+class DeliveryReports:
+    """The delivery report of every record sent with a :meth:`tracker`, collected as plain tuples.
+
+    confluent-kafka hands a delivery report no headers, so a record's report is known by its
+    callback alone: each record gets a ``functools.partial`` (made in C, cheaper than a closure)
+    of one function that reduces the report to a tuple, and :meth:`take` hands them over in bulk.
+    """
+
+    def __init__(self) -> None:
+        self._arrived: list[tuple] = []
+        self._append = self._arrived.append  # the one list every callback appends to, for good
+
+    def tracker(self, key: str, seq: int) -> partial:
+        """The ``on_delivery`` callback for the record ``(key, seq)``."""
+        return partial(_arrive, self._append, key, seq)
+
+    def take(self) -> list[tuple[str, int, int | None, int | None, str | None, str | None]]:
+        """``(key, seq, partition, offset, error name, error text)`` of each report that arrived since the last
+        call. A delivered record has no error; a failed one no partition or offset."""
+        taken = self._arrived[:]
+        self._arrived.clear()
+        return taken
+
+
+def _arrive(append, key: str, seq: int, err: KafkaError | None, msg) -> None:
+    if err is None:
+        append((key, seq, msg.partition(), msg.offset(), None, None))
+    else:
+        append((key, seq, None, None, err.name(), err.str()))
+
+
+def refused(what: str, failures: Counter[str]) -> DeliveryError:
+    """The error for records Kafka refused: ``what`` names them, ``failures`` counts them by error name."""
+    reasons = ", ".join(f"{n} {name}" for name, n in failures.most_common())
+    return DeliveryError(f"{what} were refused by Kafka: {reasons}")
+
+
 class KdgProducer:
     """A producer bound to one delivery policy.
 
     Refuses transaction calls when the policy is not transactional; retries ``BufferError``
     after serving delivery reports; turns ``KafkaError`` into kdg errors.
+
+    Delivery reports: with ``every_report`` (the default) each record's ``on_delivery`` callback
+    hears its outcome. Without it librdkafka reports failures only (``delivery.report.only.error``),
+    to a counter of the producer's own (:meth:`take_failures`), and no Python runs for a record that
+    is delivered: once :meth:`flush` returns with nothing left, every record sent and not counted
+    failed was delivered.
     """
 
     def __init__(self, policy: DeliveryPolicy, bootstrap: str, extra: dict | None = None,
-                 transactional_id: str | None = None, role: Role = Role.PRODUCER, init: bool = True):
+                 transactional_id: str | None = None, role: Role = Role.PRODUCER, init: bool = True,
+                 every_report: bool = True):
         """``init=False`` builds (and so vets) the producer but leaves ``init_transactions`` to :meth:`init`."""
         self.policy = policy
         self.transactional = policy.transactional and role is Role.PRODUCER
         self.config = producer_config(policy, bootstrap, extra or {}, transactional_id, role)
-        self._producer = new_producer(self.config, role)
+        self._failures: Counter[str] = Counter()
+        reports = {} if every_report else {"delivery.report.only.error": True, "on_delivery": self._count_failure}
+        self._producer = new_producer({**self.config, **reports}, role)
         self.in_transaction = False
         if init:
             self.init()
@@ -48,13 +100,15 @@ class KdgProducer:
             self._call("init_transactions", timeout=60)
 
     def send(self, topic: str, value, key=None, headers=None, partition: int | None = None, on_delivery=None) -> None:
+        """Queue one record; ``on_delivery(err, msg)`` hears its outcome from :meth:`poll` or :meth:`flush`."""
         produce = self._producer.produce
+        if partition is None:
+            partition = _ANY_PARTITION
         while True:
             try:
-                if partition is None:
-                    produce(topic, value, key, headers=headers, on_delivery=on_delivery)
-                else:
-                    produce(topic, value, key, partition, headers=headers, on_delivery=on_delivery)
+                # positional, in confluent-kafka's order: topic, value, key, partition, callback, its alias
+                # on_delivery, timestamp (0: now), headers — a keyword call builds a dict per record
+                produce(topic, value, key, partition, on_delivery, None, 0, headers)
                 return
             except BufferError:
                 self._producer.poll(0.05)  # queue full: serve delivery reports, then try again
@@ -65,9 +119,28 @@ class KdgProducer:
     def poll(self, timeout: float = 0) -> int:
         return self._producer.poll(timeout)
 
+    def _count_failure(self, err: KafkaError, msg) -> None:
+        self._failures[err.name()] += 1
+
+    def take_failures(self) -> Counter[str]:
+        """Failed deliveries reported (without ``every_report``) since the last call, by error name."""
+        taken, self._failures = self._failures, Counter()
+        return taken
+
     def flush(self, timeout: float = 120) -> int:
         remaining = self._producer.flush(timeout)
         return remaining
+
+    def deliver(self, what: str, timeout: float = 120) -> None:
+        """Flush, then raise :class:`DeliveryError` unless every record sent so far was delivered: none
+        refused since the last :meth:`take_failures` (so only without ``every_report``), none still waiting
+        after ``timeout`` seconds. ``what`` names the records, e.g. ``"dead letters to orders.dlq"``."""
+        remaining = self.flush(timeout)
+        failures = self.take_failures()
+        if failures:
+            raise refused(what, failures)
+        if remaining:
+            raise DeliveryError(f"{what} were not acknowledged: {remaining} still waiting after {timeout:.0f} s")
 
     def __len__(self) -> int:
         return len(self._producer)

@@ -37,11 +37,14 @@ class DeadLetterQueue:
 
     def __init__(self, policy: DeliveryPolicy, bootstrap: str, topic: str, extra: dict):
         self.bootstrap, self.topic, self.extra = bootstrap, dlq_topic(topic), extra
-        self._producer = KdgProducer(policy, bootstrap, extra, role=Role.DEAD_LETTERS)
+        # failures only: a dead letter Kafka refuses is an error of the batch that sent it (see send)
+        self._producer = KdgProducer(policy, bootstrap, extra, role=Role.DEAD_LETTERS, every_report=False)
         self._topic_ready = False
 
     def send(self, dead: list[tuple], producer=None) -> None:
-        """Send ``dead``; through ``producer`` (an open transaction) when given, else durably now.
+        """Send ``dead``; through ``producer`` (an open transaction) when given, else durably now: a dead
+        letter Kafka refuses or does not acknowledge raises :class:`~kdg.errors.DeliveryError`, before the
+        caller commits anything that accounts for it.
 
         Each is ``(record, reason, key)``, or ``(record, reason, key, extra_headers)``.
         """
@@ -56,7 +59,4 @@ class DeadLetterQueue:
             headers = dead_letter_headers(rec, reason, key)
             target.send(self.topic, rec.value, rec.key, headers + extra[0] if extra else headers)
         if own:
-            from kdg.errors import DeliveryError
-
-            if self._producer.flush(60):
-                raise DeliveryError(f"dead letters to {self.topic} were not acknowledged")
+            self._producer.deliver(f"dead letters to {self.topic}", timeout=60)

@@ -3,9 +3,9 @@
 from confluent_kafka import TopicPartition
 
 from kdg import faults
-from kdg.errors import DeliveryError, RetryBatch, TransactionAborted
+from kdg.errors import RetryBatch, TransactionAborted
 from kdg.kafka.admin import ensure_topic
-from kdg.kafka.producer import KdgProducer
+from kdg.kafka.producer import KdgProducer, refused
 from kdg.sinks import Batch, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue
 
@@ -17,7 +17,8 @@ class KafkaSink:
     def __init__(self, policy, bootstrap: str, extra: dict, out_topic: str, dlq: DeadLetterQueue,
                  transactional_id: str, consumer, partitions: int = 3):
         self.out_topic, self.dlq, self.consumer = out_topic, dlq, consumer
-        self.producer = KdgProducer(policy, bootstrap, extra, transactional_id=transactional_id)
+        # failures only (take_failures): a record Kafka refuses stops the consumer before its offsets move
+        self.producer = KdgProducer(policy, bootstrap, extra, transactional_id=transactional_id, every_report=False)
         ensure_topic(bootstrap, out_topic, partitions=partitions, extra=extra)
 
     def _send(self, batch: Batch) -> None:
@@ -29,8 +30,7 @@ class KafkaSink:
             self.dlq.send(batch.dead)
             self._send(batch)
             faults.reach("inside-pg-transaction")
-            if self.producer.flush(120):
-                raise DeliveryError(f"records to {self.out_topic} were not acknowledged")
+            self.producer.deliver(f"records to {self.out_topic}", timeout=120)
             return WriteResult(len(batch.records), 0)
         self.producer.begin()
         try:
@@ -42,7 +42,11 @@ class KafkaSink:
             faults.reach("after-process-before-commit")
             self.producer.commit()
         except TransactionAborted as exc:
+            failures = self.producer.take_failures()  # records of the transaction Kafka refused, if that is why
             self.producer.abort()
+            self.producer.take_failures()  # the aborted transaction's other records, purged
+            if failures:  # sent again, they would be refused again: stop, nothing of the batch committed
+                raise refused(f"records to {self.out_topic} (or dead letters to {self.dlq.topic})", failures) from exc
             raise RetryBatch(str(exc)) from exc
         return WriteResult(len(batch.records), 0)
 

@@ -1,0 +1,55 @@
+"""The producer ledger's writer: COPYs batches of rows on a thread of its own, so sending goes on
+while Postgres writes.
+
+Rows reach ``kdg_ledger`` in the order they were given, through the one connection of the
+:class:`~kdg.store.pg.Store` handed over; nothing decides here what a row says (that is
+``kdg.produce``'s business). At most ``depth`` batches wait for the thread, so a slow Postgres
+slows the producer down instead of filling memory.
+"""
+
+import queue
+import threading
+
+from kdg.store.pg import Store
+
+
+class LedgerWriter:
+    """Takes over ``store`` until :meth:`close`: no one else may use it meanwhile.
+
+    A batch that fails to be written (Postgres gone, a refused statement) stops the writer: nothing
+    more is written, and the error is raised once, by the next :meth:`write` or else by :meth:`close`.
+    """
+
+    def __init__(self, store: Store, depth: int = 2):
+        self._store = store
+        self._batches: queue.Queue[list[tuple] | None] = queue.Queue(maxsize=depth)
+        self._error: BaseException | None = None
+        self._error_raised = False
+        self._thread = threading.Thread(target=self._run, name="kdg-ledger-writer", daemon=True)
+        self._thread.start()
+
+    def write(self, rows: list[tuple]) -> None:
+        """Queue ``rows`` (the list is the writer's from now on); waits while ``depth`` batches are queued."""
+        self._raise_failure()
+        if rows:
+            self._batches.put(rows)
+
+    def close(self) -> None:
+        """Wait until every queued batch is written; raise the error that stopped the writer, if one did."""
+        if self._thread.is_alive():
+            self._batches.put(None)
+            self._thread.join()
+        self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self._error is not None and not self._error_raised:
+            self._error_raised = True
+            raise self._error
+
+    def _run(self) -> None:
+        while (rows := self._batches.get()) is not None:
+            if self._error is None:
+                try:
+                    self._store.copy_ledger(rows)
+                except BaseException as exc:  # handed to the producer's thread, which decides
+                    self._error = exc
