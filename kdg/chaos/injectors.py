@@ -154,8 +154,6 @@ def ack_loss(cell: Cell) -> None:
 
     ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3, extra=cell.conn.extra)
     with FaultProxy(cell.layout) as proxy:
-        if not proxy.can_drop:
-            cell.event("not injected: on a secure stack the proxy carries TLS and cannot tell produce responses apart")
         proxy.drop_produce_responses(3)
         cell.event("proxy drops the next 3 produce responses")
         _record_produce(cell, cell.produce("-b", cell.layout.proxy_bootstrap,

@@ -10,9 +10,17 @@ then ``correlation_id int32``. It remembers, per connection, which correlation i
 requests (api_key 0) and can drop their responses: the broker has written the records, the
 producer never hears so, times out and sends them again — a lost acknowledgement.
 
-On a ``--secure`` stack the FAULTY listener speaks SASL_SSL: the proxy forwards the TLS bytes as
-they are, without framing (it cannot see which response answers a produce request), so it can
-carry clients and cut connections but not drop acknowledgements (``can_drop`` is False).
+On a ``--secure`` stack the FAULTY listener speaks SASL_SSL, so the proxy terminates TLS on both
+sides to see the frames: to the client it presents the stack's broker certificate (signed by the
+stack's CA, valid for 127.0.0.1 and localhost, which the client already trusts), and to the
+broker's FAULTY port it opens its own TLS connection that verifies the stack's CA. Each side is a
+sans-IO ``ssl.SSLObject`` over two ``ssl.MemoryBIO`` (:class:`_Tls`), so it stays in the one
+non-blocking selector loop: ciphertext read from a socket goes into that side's incoming BIO, the
+plaintext comes out of ``read()`` and through the same framing as on a plaintext stack, goes into
+the other side's ``write()``, and whatever either SSLObject puts in its outgoing BIO (handshake
+records included) is queued for its socket. SASL (SCRAM) runs inside TLS as ordinary Kafka
+requests (SaslHandshake, SaslAuthenticate), forwarded unchanged. So ``can_drop`` is True on both
+kinds of stack.
 
 Example:
     >>> with FaultProxy(layout) as proxy:           # doctest: +SKIP
@@ -23,6 +31,7 @@ Example:
 
 import selectors
 import socket
+import ssl
 import struct
 import threading
 from collections.abc import Iterator
@@ -33,11 +42,64 @@ PRODUCE = 0
 READ_CHUNK = 1 << 16
 
 
+class _Tls:
+    """One side's TLS session, sans-IO: ciphertext in and out through memory BIOs, never a socket."""
+
+    def __init__(self, context: ssl.SSLContext, *, server_side: bool):
+        self.incoming, self.outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self.obj = context.wrap_bio(self.incoming, self.outgoing, server_side=server_side,
+                                    server_hostname=None if server_side else HOST)
+        self.ready = False              # handshake done
+        self.pending = bytearray()      # plaintext to encrypt once it is
+
+    def receive(self, data: bytes) -> bytes:
+        """Feed ciphertext from the socket; return the plaintext it completes (maybe none).
+
+        Raises ``ConnectionResetError`` when the peer closed the TLS session, ``ssl.SSLError``
+        on bad TLS (both are OSErrors: the loop closes the link).
+        """
+        if data:
+            self.incoming.write(data)
+        if not self.ready:
+            try:
+                self.obj.do_handshake()
+            except ssl.SSLWantReadError:
+                return b""
+            self.ready = True
+            self._encrypt_pending()
+        plain = bytearray()
+        while True:
+            try:
+                chunk = self.obj.read(READ_CHUNK)
+            except ssl.SSLWantReadError:
+                break
+            if not chunk:  # close_notify
+                raise ConnectionResetError("TLS session closed by the peer")
+            plain += chunk
+        return bytes(plain)
+
+    def send(self, plain: bytes) -> None:
+        """Encrypt ``plain`` into the outgoing BIO (held back until the handshake is done)."""
+        self.pending += plain
+        self._encrypt_pending()
+
+    def _encrypt_pending(self) -> None:
+        while self.ready and self.pending:
+            del self.pending[:self.obj.write(self.pending)]
+
+    def take(self) -> bytes:
+        """The ciphertext waiting for the socket (records of the handshake, data, alerts)."""
+        return self.outgoing.read()
+
+
 class _Link:
     """One client connection, its own upstream connection to the broker, and what is in flight."""
 
-    def __init__(self, client: socket.socket, upstream: socket.socket):
+    def __init__(self, client: socket.socket, upstream: socket.socket,
+                 tls: tuple[_Tls, _Tls] | None = None):
         self.client, self.upstream = client, upstream
+        # on a secure stack: (the session with the client, the session with the broker)
+        self.tls_client, self.tls_upstream = tls if tls else (None, None)
         self.requests = bytearray()    # client bytes not yet parsed into whole frames
         self.responses = bytearray()   # broker bytes not yet parsed into whole frames
         self.to_broker = bytearray()   # bytes waiting for the upstream socket to take them
@@ -47,6 +109,9 @@ class _Link:
 
     def outbox(self, sock: socket.socket) -> bytearray:
         return self.to_broker if sock is self.upstream else self.to_client
+
+    def tls_of(self, sock: socket.socket) -> _Tls | None:
+        return self.tls_upstream if sock is self.upstream else self.tls_client
 
 
 def _frames(buffer: bytearray, header: int) -> Iterator[tuple[bytes, bytes]]:
@@ -70,7 +135,9 @@ class FaultProxy:
 
     def __init__(self, layout: StackLayout):
         self.layout = layout
-        self.can_drop = not layout.secure  # inside TLS there are no frames to read
+        self.can_drop = True  # on a secure stack too: the proxy terminates TLS on both sides
+        self._server_tls: ssl.SSLContext | None = None  # what the proxy shows clients (secure stack)
+        self._client_tls: ssl.SSLContext | None = None  # how it connects to the broker (secure stack)
         self.dropped = 0
         self.accepted = 0
         self._to_drop = 0
@@ -105,6 +172,8 @@ class FaultProxy:
 
     def start(self) -> "FaultProxy":
         """Listen on every broker's proxy port and start forwarding in a background thread."""
+        if self.layout.secure:
+            self._server_tls, self._client_tls = _tls_contexts(self.layout)
         try:
             for node in self.layout.node_ids:
                 listener = socket.create_server((HOST, self.layout.proxy_port(node)))
@@ -163,23 +232,35 @@ class FaultProxy:
         except OSError:
             client.close()  # the broker is down: the client sees its connection closed and tries again
             return
-        link = _Link(client, upstream)
+        tls = None
+        if self._server_tls is not None and self._client_tls is not None:
+            tls = (_Tls(self._server_tls, server_side=True), _Tls(self._client_tls, server_side=False))
+        link = _Link(client, upstream, tls)
         for sock in (client, upstream):
             sock.setblocking(False)
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             self._sel.register(sock, selectors.EVENT_READ, ("link", link))
         self._links.append(link)
         self.accepted += 1
+        if link.tls_upstream is not None:
+            try:
+                link.tls_upstream.receive(b"")  # the proxy's ClientHello to the broker
+                self._pump(link)
+            except (OSError, ValueError):
+                self._close(link)
 
     def _read(self, link: _Link, sock: socket.socket) -> None:
         data = sock.recv(READ_CHUNK)
         if not data:
             return self._close(link)
-        if not self.can_drop:  # TLS bytes, forwarded as they are
-            (link.to_broker if sock is link.client else link.to_client).extend(data)
-            return self._flush(link, link.upstream if sock is link.client else link.client)
+        tls = link.tls_of(sock)
+        if tls is not None:  # ciphertext in, plaintext (maybe none yet) out
+            data = tls.receive(data)
+            self._pump(link)  # handshake records, session tickets, data held back for the handshake
+            if not data:
+                return
         if sock is link.client:
-            link.to_broker += data  # requests always reach the broker unchanged
+            self._forward(link, link.upstream, data)  # requests always reach the broker unchanged
             link.requests += data
             for _, header in _frames(link.requests, 8):
                 api_key, _version, correlation = struct.unpack(">hhi", header)
@@ -192,10 +273,27 @@ class FaultProxy:
             if self._swallow(link, struct.unpack(">i", header)[0]):
                 disconnect = disconnect or self._disconnect
                 continue  # the broker wrote the records; the producer never learns it
-            link.to_client += frame
+            self._forward(link, link.client, frame)
         self._flush(link, link.client)
         if disconnect:
             self._close(link)
+
+    def _forward(self, link: _Link, sock: socket.socket, plain: bytes) -> None:
+        """Queue ``plain`` for ``sock``: as it is, or encrypted by that side's TLS session."""
+        tls = link.tls_of(sock)
+        if tls is None:
+            link.outbox(sock).extend(plain)
+        else:
+            tls.send(plain)
+            link.outbox(sock).extend(tls.take())
+
+    def _pump(self, link: _Link) -> None:
+        """Move what either TLS session wrote to its outgoing BIO to its socket."""
+        for sock in (link.client, link.upstream):
+            tls = link.tls_of(sock)
+            if tls is not None:
+                link.outbox(sock).extend(tls.take())
+            self._flush(link, sock)
 
     def _swallow(self, link: _Link, correlation: int) -> bool:
         """Whether the response with ``correlation`` is a produce response to drop (and count it)."""
@@ -240,3 +338,15 @@ class FaultProxy:
             sock.close()
         self._listeners = []
         self._sel.close()
+
+
+def _tls_contexts(layout: StackLayout) -> tuple[ssl.SSLContext, ssl.SSLContext]:
+    """The proxy's TLS: as a server, the stack's broker key and certificate (``secure/broker.pem``:
+    key, certificate, CA); as a client of the broker, trusting only the stack's CA, host name checked."""
+    from kdg.stack.secure import ca_path
+
+    server = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server.load_cert_chain(layout.secure_dir / "broker.pem")
+    client = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)  # check_hostname and CERT_REQUIRED by default
+    client.load_verify_locations(cafile=ca_path(layout))
+    return server, client

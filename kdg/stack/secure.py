@@ -1,7 +1,8 @@
 """The secure local stack: a CA and a broker certificate, SCRAM users, ACLs and the profiles to connect with.
 
 ``kdg stack up --secure`` gives the brokers a SASL_SSL client listener (and a SASL_SSL FAULTY
-listener, so the chaos proxy carries TLS bytes as they are). What it makes, all in the state dir:
+listener, which the chaos proxy reaches over its own TLS while showing clients the broker
+certificate, so it can still drop acknowledgements). What it makes, all in the state dir:
 
 - ``secure/ca.pem`` (with its key ``secure/ca.key``) and ``secure/broker.pem``: one broker key and
   certificate for every node, with 127.0.0.1 and localhost as subject alternative names, so they
