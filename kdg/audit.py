@@ -1,5 +1,6 @@
 """`kdg audit`: compare what the producer ledger says was acknowledged with what reached the sink."""
 
+import functools
 import time
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
@@ -125,16 +126,22 @@ def reason_group(reason: str | None, sqlstate: str | None) -> str:
 
 def _condition(sqlstate: str) -> str:
     """Postgres's condition name for a SQLSTATE (as asyncpg names its exception classes), or ''."""
+    return _conditions().get(sqlstate, "")
+
+
+@functools.cache
+def _conditions() -> dict[str, str]:
+    """Every SQLSTATE asyncpg knows → its condition name, built once (an audit asks per dead letter)."""
     import re
 
     import asyncpg
 
-    found = [asyncpg.PostgresError]
-    for cls in found:
-        if getattr(cls, "sqlstate", None) == sqlstate:
-            return re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__.removesuffix("Error")).lower()
-        found.extend(cls.__subclasses__())
-    return ""
+    names, classes = {}, [asyncpg.PostgresError]
+    for cls in classes:
+        if (state := getattr(cls, "sqlstate", None)) and state not in names:
+            names[state] = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__.removesuffix("Error")).lower()
+        classes.extend(cls.__subclasses__())
+    return names
 
 
 def iter_topic_headers(bootstrap: str, topic: str, extra: dict, names: tuple[str, ...]) -> Iterator[list[tuple]]:
