@@ -37,12 +37,14 @@ class ConsumeRequest:
     idle_timeout: float | None = None
     start: str = "stored"             # -o
     batch_size: int = 5_000
+    batch_ms: int = 100               # a batch is written once it is full or this old, whichever comes first
     max_bytes: int = 1_048_576
     require_utf8: bool = True
     handler: str | None = None        # module:function
     transactional_id: str | None = None
     progress: Callable[[int], None] | None = None
     pg_wait: float = 120.0            # how long to wait for a Postgres that went away, before giving up
+    pipeline: int = 2                 # exactly-once into Postgres: batches written at once, on as many connections
     notice: Callable[[str], None] = lambda text: None  # status lines (Postgres retries)
 
 
@@ -91,7 +93,8 @@ def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue, consumer: KdgC
     if kind == "postgres":
         from kdg.sinks.postgres import PostgresSink
 
-        return PostgresSink(req.conn.pg_dsn, req.table, req.group, req.topic, dlq, load_handler(req.handler))
+        depth = req.pipeline if policy.commit_mode is CommitMode.IN_SINK_TRANSACTION else 0  # chained offsets only
+        return PostgresSink(req.conn.pg_dsn, req.table, req.group, req.topic, dlq, load_handler(req.handler), depth)
     if kind == "kafka":
         from kdg.sinks.kafka import KafkaSink
 
@@ -186,27 +189,36 @@ def _loop(req, policy, resolver, consumer, offsets, sink, end, report) -> None:
     started = last_data = time.monotonic()
     try:
         while True:
-            want = req.batch_size if req.count is None else min(req.batch_size, req.count - report.consumed)
-            msgs = consumer.poll_batch(want, 0.5)
+            want = req.batch_size
+            if req.count is not None:
+                want = min(want, req.count - report.consumed - sink.records_in_flight)
+            msgs = consumer.poll_batch(want, req.batch_ms / 1000) if want > 0 else []
             if msgs:
                 last_data = time.monotonic()
                 _handle(msgs, req, policy, resolver, offsets, sink, report)
-                if req.progress:
-                    req.progress(report.consumed)
-            if req.count is not None and report.consumed >= req.count:
-                report.stopped_by = "count"
-                break
-            if req.exit_at_end and not msgs and end.reached():
-                report.stopped_by = "end of topic"
-                break
-            if req.idle_timeout is not None and time.monotonic() - last_data >= req.idle_timeout:
-                report.stopped_by = "idle timeout"
+            stop = _stop_reason(req, msgs, end, report, last_data, sink.records_in_flight)
+            if stop and sink.records_in_flight:  # decide on what is written, not on what is being written
+                _settle(sink.drain(), req, offsets, sink, report)
+                stop = _stop_reason(req, msgs, end, report, last_data, 0)
+            if stop:
+                report.stopped_by = stop
                 break
     except KeyboardInterrupt:
         report.stopped_by = "interrupted"
+        _settle(sink.drain(), req, offsets, sink, report)  # what is being written ends, and is counted
     finally:
         report.duration_s = round(time.monotonic() - started, 3)
         report.msgs_per_s = round(report.consumed / report.duration_s, 1) if report.duration_s else 0.0
+
+
+def _stop_reason(req, msgs, end, report, last_data: float, in_flight: int) -> str | None:
+    if req.count is not None and report.consumed + in_flight >= req.count:
+        return "count"
+    if req.exit_at_end and not msgs and end.reached():
+        return "end of topic"
+    if req.idle_timeout is not None and time.monotonic() - last_data >= req.idle_timeout:
+        return "idle timeout"
+    return None
 
 
 def _handle(msgs, req, policy, resolver, offsets, sink, report) -> None:
@@ -215,23 +227,35 @@ def _handle(msgs, req, policy, resolver, offsets, sink, report) -> None:
     if not offsets.before_write(batch):
         report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
         return
-    try:
-        result = sink.write(batch, atomic=offsets.atomic)
-    except (Fenced, RetryBatch):
-        report.fenced_batches += 1
-        offsets.rewind(batch)
-        return
-    except ConnectionFailed as exc:
-        if not getattr(sink, "lost_connection", lambda: False)():
-            raise
-        _wait_for_postgres(exc, batch, req, offsets, sink, report)
-        return
-    offsets.after_write(batch)
-    report.consumed += len(batch)
-    report.batches += 1
-    report.processed += len(batch.records) - result.dead_lettered
-    report.duplicates_suppressed += result.duplicates_suppressed
-    report.dead_lettered += len(batch.dead) + result.dead_lettered
+    _settle(sink.submit(batch, atomic=offsets.atomic), req, offsets, sink, report)
+
+
+def _settle(outcomes, req, offsets, sink, report) -> None:
+    """Account for batches the sink is done with, oldest first; read again those it could not write."""
+    again, outage = [], None
+    for done in outcomes:
+        batch, result, error = done.batch, done.result, done.error
+        if error is None:
+            offsets.after_write(batch)
+            report.consumed += len(batch)
+            report.batches += 1
+            report.processed += len(batch.records) - result.dead_lettered
+            report.duplicates_suppressed += result.duplicates_suppressed
+            report.dead_lettered += len(batch.dead) + result.dead_lettered
+        elif isinstance(error, (Fenced, RetryBatch)):
+            report.fenced_batches += 1
+            again.append(batch)
+        elif isinstance(error, ConnectionFailed) and sink.lost_connection():
+            outage = outage or error
+            again.append(batch)
+        else:
+            raise error
+    if outage is not None:
+        _wait_for_postgres(outage, Batch.earliest(again), req, offsets, sink, report)
+    elif again:
+        offsets.rewind(Batch.earliest(again))
+    if outcomes and req.progress:
+        req.progress(report.consumed)
 
 
 def _wait_for_postgres(exc, batch, req, offsets, sink, report) -> None:

@@ -16,6 +16,7 @@ KILL_POINTS = (
     "after-process-before-commit",
     "after-commit-before-process",
     "inside-pg-transaction",
+    "pipelined-commit",        # a batch is about to commit while the next one is being written beside it
     "during-rebalance",
     "spark-task-mid-write",
 )

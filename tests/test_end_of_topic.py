@@ -14,8 +14,8 @@ SESSION_TIMEOUT_S = 10  # kdg's consumer session.timeout.ms: a dead member holds
 def test_e_after_three_crashes_waits_for_the_dead_members_partitions(kdg, topic, group):
     kdg("produce", topic, "-g", "exactly-once", "--count", 30_000, "--size", 50)
     consume = ("consume", topic, "-G", group, "-g", "exactly-once", "--batch-size", 1000, "-e", "--json")
-    for _ in range(3):  # each member commits one batch, then dies holding its partitions
-        crashed = kdg(*consume, env={"KDG_FAULT": "after-poll-before-process@2"}, check=False)
+    for _ in range(3):  # each member commits a batch, then dies holding its partitions (the next one unwritten)
+        crashed = kdg(*consume, env={"KDG_FAULT": "after-commit-before-process@1"}, check=False)
         assert crashed.returncode == -signal.SIGKILL, crashed.stderr
     last_death = time.monotonic()
 

@@ -11,8 +11,9 @@ import time
 from kdg.chaos.cell import Cell, finish
 from kdg.stack import cluster, kafka_node, postgres, procs
 
+# pipelined-commit is reached only by exactly-once into Postgres (the one writer that overlaps batches)
 CONSUMER_KILL_POINTS = ("after-poll-before-process", "after-process-before-commit", "after-commit-before-process",
-                        "inside-pg-transaction", "during-rebalance")
+                        "inside-pg-transaction", "pipelined-commit", "during-rebalance")
 
 
 def _record_produce(cell: Cell, outcome: tuple) -> None:
@@ -28,7 +29,7 @@ def consumer_kill(cell: Cell) -> None:
     """SIGKILL the consumer at each named kill point in turn, restarting it each time."""
     _record_produce(cell, cell.produce())
     for point in CONSUMER_KILL_POINTS:
-        nth = 1 if point == "during-rebalance" else 2
+        nth = 1 if point in ("during-rebalance", "pipelined-commit") else 2
         # each run reads at most three batches, so records remain for every later kill point
         code, _, err = finish(cell.consume("-e", "-c", 3 * cell.batch, "-X", f"group.instance.id=chaos-{cell.group}",
                                            env={"KDG_FAULT": f"{point}@{nth}"}))

@@ -154,12 +154,17 @@ def consume(
     idle_timeout: Annotated[Optional[float], typer.Option(help="Stop after this many seconds without records.")] = None,
     offset: Annotated[str, typer.Option("-o", help="Start: beginning | end | stored | N | s@TIMESTAMP_MS.")] = "stored",
     batch_size: Annotated[int, typer.Option(help="Records per batch (one sink transaction each).")] = 5_000,
+    batch_ms: Annotated[int, typer.Option(help="Write a batch once it is this many milliseconds old, full or "
+                        "not: the bound on how long a record waits to be written.")] = 100,
     max_bytes: Annotated[int, typer.Option(help="Larger values go to the dead-letter topic.")] = 1_048_576,
     handler: Annotated[Optional[str], typer.Option(help="module:function called with each batch (and the open "
                        "Postgres connection, inside the transaction).")] = None,
     transactional_id: Annotated[Optional[str], typer.Option(help="kafka sink, exactly-once: transactional.id.")] = None,
     pg_wait: Annotated[float, typer.Option(help="Seconds to keep reconnecting while Postgres is unreachable, "
                        "restarting or out of connections, before giving up (exit 5).")] = 120.0,
+    pipeline: Annotated[int, typer.Option(help="Exactly-once into Postgres: batches written at once, each on its "
+                        "own connection, while the next is read (0: each batch is written before the next is "
+                        "polled). Offsets stay chained in order.")] = 2,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
@@ -172,8 +177,12 @@ def consume(
         raise UsageError("--format must be text or json")
     if not group.strip():
         raise UsageError("--group must not be empty")
-    _check_min(("-c", count, 1), ("--batch-size", batch_size, 1), ("--idle-timeout", idle_timeout, 0),
-               ("--max-bytes", max_bytes, 0), ("--pg-wait", pg_wait, 0))
+    _check_min(("-c", count, 1), ("--batch-size", batch_size, 1), ("--batch-ms", batch_ms, 1),
+               ("--idle-timeout", idle_timeout, 0), ("--max-bytes", max_bytes, 0), ("--pg-wait", pg_wait, 0),
+               ("--pipeline", pipeline, 0))
+    if pipeline > 8:
+        raise UsageError(f"--pipeline {pipeline}: at most 8 (each is a Postgres connection; 2 already overlaps "
+                         "reading with writing)")
     typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
                           create_table=create_table)  # a bad mapping is refused before anything is read
     table = typed.table.text if typed is not None else table_name(table or "kdg_events").text
@@ -181,11 +190,11 @@ def consume(
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
     req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
                          sink=sink, table=table, mapping=typed, fmt=fmt, id_from=id_from, count=count,
-                         exit_at_end=exit_at_end,
-                         idle_timeout=idle_timeout, start=offset, batch_size=batch_size, max_bytes=max_bytes,
-                         handler=handler, transactional_id=transactional_id, progress=progress, pg_wait=pg_wait,
+                         exit_at_end=exit_at_end, idle_timeout=idle_timeout, start=offset, batch_size=batch_size,
+                         batch_ms=batch_ms, max_bytes=max_bytes, handler=handler, transactional_id=transactional_id,
+                         progress=progress, pg_wait=pg_wait, pipeline=pipeline,
                          notice=lambda text: err_console.print(text, style="warn", markup=False, highlight=False,
-                                                                soft_wrap=True))
+                                                               soft_wrap=True))
     report = _run_with_bar(bar, run_consume, req)
     if as_json:
         print_json(report)

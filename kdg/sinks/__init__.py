@@ -2,6 +2,9 @@
 
 Every sink takes a :class:`Batch`. Sinks that can store offsets atomically with their results
 (``atomic_offsets``) do so under a policy whose commit mode is ``in-sink-transaction``.
+The consume loop hands batches to :meth:`Sink.submit` and gets one :class:`Outcome` per batch back: at once
+from a sink that writes each batch before the next is polled, later from a pipelined one
+(:mod:`kdg.sinks.pipeline`).
 """
 
 from dataclasses import dataclass, field
@@ -21,6 +24,19 @@ class Batch:
     def __len__(self) -> int:
         return len(self.records) + len(self.dead)
 
+    @staticmethod
+    def earliest(batches: "list[Batch]") -> "Batch":
+        """Several batches to read again, as one: each partition from the earliest first offset among them."""
+        merged = Batch()
+        for batch in batches:
+            merged.records += batch.records
+            merged.dead += batch.dead
+            for tp, offset in batch.first_offsets.items():
+                merged.first_offsets[tp] = min(offset, merged.first_offsets.get(tp, offset))
+            for tp, offset in batch.next_offsets.items():
+                merged.next_offsets[tp] = max(offset, merged.next_offsets.get(tp, offset))
+        return merged
+
 
 @dataclass
 class WriteResult:
@@ -39,3 +55,47 @@ def parse_sink(spec: str) -> tuple[str, str | None]:
     if kind == "kafka" and sep and topic:
         return "kafka", topic
     raise UsageError(f"--sink {spec!r}: use postgres, stdout or kafka:OUT_TOPIC")
+
+
+@dataclass
+class Outcome:
+    """A batch the sink is done with: its result, or the error that rolled it back."""
+
+    batch: Batch
+    result: WriteResult | None = None
+    error: BaseException | None = None
+
+
+class Sink:
+    """What every sink offers the consume loop; a sink only needs ``write`` (and ``close``)."""
+
+    atomic_offsets = False  # results and offsets can commit in one transaction
+    keeps_offsets = False   # ... and then the offsets live in the sink, not in Kafka
+    records_in_flight = 0   # submitted, outcome not handed back yet
+
+    def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
+        raise NotImplementedError
+
+    def submit(self, batch: Batch, *, atomic: bool) -> list[Outcome]:
+        """Write ``batch``; the outcomes of the batches finished so far, oldest first.
+
+        An error that means "read the batch again" (fenced, rolled back, Postgres gone) comes back
+        as an outcome; any other error is raised.
+        """
+        from kdg.errors import ConnectionFailed, Fenced, RetryBatch
+
+        try:
+            return [Outcome(batch, result=self.write(batch, atomic=atomic))]
+        except (Fenced, RetryBatch, ConnectionFailed) as exc:
+            return [Outcome(batch, error=exc)]
+
+    def drain(self) -> list[Outcome]:
+        """Wait for every batch still being written; their outcomes, oldest first."""
+        return []
+
+    def lost_connection(self) -> bool:
+        """Whether a failed write means the sink's server went away (wait for it) rather than refused something."""
+        return False
+
+    def close(self) -> None:
+        pass

@@ -6,11 +6,11 @@ from kdg import faults
 from kdg.errors import RetryBatch, TransactionAborted
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.producer import KdgProducer, refused
-from kdg.sinks import Batch, WriteResult
+from kdg.sinks import Batch, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue
 
 
-class KafkaSink:
+class KafkaSink(Sink):
     atomic_offsets = True   # the consumer's offsets go into the producer's transaction
     keeps_offsets = False   # ... and so they stay in Kafka, with the group
 

@@ -3,11 +3,11 @@
 import sys
 
 from kdg.records import to_envelope
-from kdg.sinks import Batch, WriteResult
+from kdg.sinks import Batch, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue
 
 
-class StdoutSink:
+class StdoutSink(Sink):
     atomic_offsets = False  # a terminal cannot take back a line: no exactly-once here
     keeps_offsets = False
 

@@ -24,8 +24,7 @@ class TypedPostgresSink(PostgresSink):
             raise
         self.table = mapping.table
         self.rows = RowMaker(self.target.mapping)
-        self.group, self.topic, self.dlq, self.handler = group, topic, dlq, handler
-        self.fences: dict[int, int] = {}
+        self._setup(dsn, group, topic, dlq, handler, pipeline=0)  # typed batches are written one at a time
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
         """Write ``batch``; ``handler(rows, conn)`` gets the staged rows (see :mod:`kdg.mapping.rows`)."""

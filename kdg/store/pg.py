@@ -12,7 +12,7 @@ from typing import Callable
 
 import asyncpg
 
-from kdg.errors import ConnectionFailed, Fenced, PostgresRefused, UsageError
+from kdg.errors import ConnectionFailed, Fenced, PostgresRefused, RetryBatch, UsageError
 from kdg.settings import TableName, redact_dsn, table_name
 from kdg.store.migrations import connect, require_schema
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, quoted, staging_table
@@ -57,6 +57,16 @@ class Store:
     def lost(self) -> bool:
         """Whether the connection is gone (the server went away), as opposed to a statement failing."""
         return self.conn.is_closed()
+
+    def alive(self) -> bool:
+        """Whether Postgres answers on this connection now (a connection idle through a restart looks open)."""
+        if self.lost():
+            return False
+        try:
+            self._run(self.conn.fetchval("SELECT 1"))
+            return True
+        except ConnectionFailed:
+            return False
 
     def reconnect(self, give_up_after: float, notice: Callable[[str], None] = lambda text: None) -> float:
         """Connect again after :meth:`lost`, backing off until Postgres answers; returns the seconds waited.
@@ -144,17 +154,31 @@ class Store:
 
     # -- batches -----------------------------------------------------------------------------
     def write_exactly_once(self, table: str | TableName, group: str, rows: list[tuple], next_offsets: dict[int, int],
-                           topic: str, fences: dict[int, int], handler=None, before_commit=None) -> int:
-        """One transaction: claim keys, insert newly claimed rows, move fenced offsets. Returns rows inserted."""
-        return self._run(self._write_exactly_once(table, group, rows, next_offsets, topic, fences,
-                                                  handler, before_commit))
+                           topic: str, fences: dict[int, int], handler=None, before_commit=None, *,
+                           expected: dict[int, int | None] | None = None, turn=None) -> int:
+        """One transaction: claim keys, insert newly claimed rows, move fenced offsets. Returns rows inserted.
 
-    async def _write_exactly_once(self, table, group, rows, next_offsets, topic, fences, handler, before_commit):
+        ``expected`` (pipelined writes) also requires each partition's stored offset to be what the
+        batch before this one left (partitions missing from it are not checked), so a batch whose predecessor rolled back rolls back too. ``turn``
+        (a :class:`kdg.sinks.pipeline.Turn`) orders the claims and the offset update after the
+        predecessor's, on another connection; see :mod:`kdg.sinks.pipeline`.
+        """
+        return self._run(self._write_exactly_once(table, group, rows, next_offsets, topic, fences,
+                                                  handler, before_commit, expected, turn))
+
+    async def _write_exactly_once(self, table, group, rows, next_offsets, topic, fences, handler, before_commit,
+                                  expected=None, turn=None):
         async with self.conn.transaction():
-            inserted = await self._claim_and_insert(table, group, rows)
+            if turn is not None:
+                turn.wait_claims()
+            inserted = await self._claim_and_insert(table, group, rows, claimed=turn.claimed if turn else None)
+            if turn is not None:  # the user's SQL runs after the batch before ended, as without a pipeline
+                turn.wait_update() if handler is None else turn.wait_ended()
             if handler is not None:
                 await _maybe_await(handler(rows, self.conn))
-            await self._move_offsets(group, topic, next_offsets, fences)
+            await self._move_offsets(group, topic, next_offsets, fences, expected)
+            if turn is not None:
+                turn.updated()  # (a failure ends the turn too: the pipeline's job always ends it)
             if before_commit is not None:
                 before_commit()
         return inserted
@@ -167,17 +191,22 @@ class Store:
 
         return self._run(write()) if rows else 0
 
-    async def _claim_and_insert(self, table: str | TableName, group: str, rows: list[tuple]) -> int:
+    async def _claim_and_insert(self, table: str | TableName, group: str, rows: list[tuple], claimed=None) -> int:
         """Claim each row's key in ``kdg_dedup`` and insert the rows whose claim is new (inside a transaction).
 
         Keys never claimed before (the common case) go in by COPY straight into ``kdg_dedup`` and
         the sink. A key claimed earlier, or twice in ``rows``, breaks ``kdg_dedup``'s primary key;
         the savepoint then rolls back and the ON CONFLICT path claims only what is new.
+        ``claimed()``, when given, is called once this batch's keys are claimed (before its rows go in).
         """
         if not rows:
+            if claimed is not None:
+                claimed()
             return 0
         table = table_name(table)
         if await copy_claims(self.conn, [(table.text, *r[:4]) for r in rows]):
+            if claimed is not None:
+                claimed()
             await self.conn.copy_records_to_table(
                 table.name, schema_name=table.schema, records=[(r[0], group, *r[1:]) for r in rows],
                 columns=GROUP_SINK_COLUMNS)
@@ -191,12 +220,16 @@ class Store:
                                  key, value, headers)
             SELECT s.idempotency_key, $2, s.topic, s."partition", s."offset", s.key, s.value, s.headers
             FROM kdg_stage s JOIN claimed c USING (idempotency_key, "partition", "offset")""", table.text, group)
+        if claimed is not None:
+            claimed()
         return int(status.split()[-1])
 
-    async def _move_offsets(self, group, topic, next_offsets, fences) -> None:
+    async def _move_offsets(self, group, topic, next_offsets, fences, expected=None) -> None:
         if not next_offsets:
             return
         parts = sorted(next_offsets)
+        if expected is not None:
+            await self._check_chain(group, topic, parts, fences, expected)
         status = await self.conn.execute(
             """UPDATE kdg_offsets o SET next_offset = v.next, updated_at = now()
                FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS v(p, next, fence)
@@ -204,6 +237,22 @@ class Store:
             group, topic, parts, [next_offsets[p] for p in parts], [fences[p] for p in parts])
         if int(status.split()[-1]) != len(parts):
             raise Fenced(f"partitions {parts} of {topic} were reassigned; this consumer's batch was rolled back")
+
+    async def _check_chain(self, group, topic, parts, fences, expected) -> None:
+        """Each partition must still hold what the batch before this one stored there (pipelined writes).
+
+        ``FOR UPDATE`` waits for that batch's transaction on another connection and then reads what
+        it left; a plain UPDATE's WHERE would have compared against the row as it was before.
+        """
+        held = {r["partition"]: r for r in await self.conn.fetch(
+            """SELECT "partition", fence, next_offset FROM kdg_offsets
+               WHERE consumer_group = $1 AND topic = $2 AND "partition" = ANY($3::int[])
+               ORDER BY "partition" FOR UPDATE""", group, topic, parts)}
+        if any(p not in held or held[p]["fence"] != fences[p] for p in parts):
+            raise Fenced(f"partitions {parts} of {topic} were reassigned; this consumer's batch was rolled back")
+        if any(held[p]["next_offset"] != expected.get(p, held[p]["next_offset"]) for p in parts):
+            raise RetryBatch(f"the batch written before this one on partitions {parts} of {topic} did not "
+                             "commit; this one was rolled back to be read again")
 
     def write_plain(self, table: str | TableName, group: str, rows: list[tuple], handler=None,
                     before_commit=None) -> int:

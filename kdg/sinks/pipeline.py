@@ -1,0 +1,139 @@
+"""Pipelined exactly-once writes: batch n+1 is copied into Postgres while batch n commits.
+
+One asyncpg connection runs one statement at a time, so a :class:`Pipeline` keeps ``depth``
+connections, each driven by a thread of its own, and hands them batches in turn; meanwhile the
+consume loop polls and sorts the next batch. Three rules keep every batch exactly-once:
+
+1. **Chained offsets.** A batch's fenced UPDATE of ``kdg_offsets`` also requires each partition to
+   hold the offset the batch before it stored there. If that batch rolled back, this one matches
+   nothing and rolls back too (:class:`~kdg.errors.RetryBatch`); nothing is ever stored past a gap.
+2. **Ordered steps.** A batch claims its keys in ``kdg_dedup`` only after its predecessor claimed
+   its own, and touches ``kdg_offsets`` only after its predecessor did (a ``--handler`` runs only
+   after its predecessor ended). Row locks then make commits land in submission order, and no
+   batch ever waits in Python for one that waits in Postgres for it.
+3. **Outcomes in order.** :meth:`Pipeline.submit` hands back finished batches oldest first; after
+   any failure the caller drains the pipeline and reads on from what Postgres stored.
+"""
+
+import threading
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable
+
+from kdg import faults
+from kdg.sinks import Batch, Outcome
+
+
+class Turn:
+    """A batch's place in line: when it may claim and move offsets, and when its successor may."""
+
+    def __init__(self, before: "Turn | None", overlapping: Callable[[], int]):
+        self._before, self._overlapping = before, overlapping
+        self._claimed, self._updated, self._ended = threading.Event(), threading.Event(), threading.Event()
+
+    def wait_claims(self) -> None:
+        if self._before is not None:
+            self._before._claimed.wait()
+
+    def claimed(self) -> None:
+        self._claimed.set()
+
+    def wait_update(self) -> None:
+        if self._before is not None:
+            self._before._updated.wait()
+
+    def wait_ended(self) -> None:
+        """For a ``--handler``: the user's SQL sees every earlier batch committed, as without a pipeline."""
+        if self._before is not None:
+            self._before._ended.wait()
+
+    def updated(self) -> None:
+        """Offsets moved (or failed to): the next batch may take its turn. Then it may commit."""
+        self._updated.set()
+        if self._overlapping() > 1:  # a later batch is being written on another connection
+            faults.reach("pipelined-commit")
+
+    def done(self) -> None:
+        """Ended, however: never leave a successor waiting."""
+        self._claimed.set()
+        self._updated.set()
+        self._ended.set()
+        self._before = None  # the chain is freed as it goes
+
+
+class Pipeline:
+    """``depth`` Postgres connections writing batches in turn (see the module's rules)."""
+
+    def __init__(self, open_store: Callable[[], object], depth: int):
+        self.stores: list = []
+        try:
+            for _ in range(depth):
+                self.stores.append(open_store())
+        except BaseException:
+            self.close()
+            raise
+        self._threads = [ThreadPoolExecutor(1, thread_name_prefix=f"kdg-pg-{i}") for i in range(depth)]
+        self._in_flight: deque = deque()  # (batch, future), oldest first
+        self._submitted = 0
+        self._last: Turn | None = None
+        self._writing = 0
+        self._lock = threading.Lock()
+
+    @property
+    def records_in_flight(self) -> int:
+        return sum(len(batch) for batch, _ in self._in_flight)
+
+    def _overlapping(self) -> int:
+        return self._writing
+
+    def submit(self, batch: Batch, write: Callable) -> list[Outcome]:
+        """Start ``write(store, turn)`` for ``batch`` on the next connection; the outcomes finished so far.
+
+        Waits for the oldest batch first when every connection is busy.
+        """
+        finished = [self._settle()] if len(self._in_flight) == len(self.stores) else []
+        slot = self._submitted % len(self.stores)
+        self._submitted += 1
+        turn = self._last = Turn(self._last, self._overlapping)
+        store = self.stores[slot]
+
+        def job():
+            with self._lock:
+                self._writing += 1
+            try:
+                return write(store, turn)
+            finally:
+                with self._lock:
+                    self._writing -= 1
+                turn.done()
+
+        self._in_flight.append((batch, self._threads[slot].submit(job)))
+        while self._in_flight and self._in_flight[0][1].done():
+            finished.append(self._settle())
+        return finished
+
+    def drain(self) -> list[Outcome]:
+        """Wait for every batch in flight; their outcomes, oldest first."""
+        return [self._settle() for _ in range(len(self._in_flight))]
+
+    def _settle(self) -> Outcome:
+        batch, future = self._in_flight.popleft()
+        error = future.exception()
+        return Outcome(batch, error=error) if error is not None else Outcome(batch, result=future.result())
+
+    def lost(self) -> bool:
+        return any(store.lost() for store in self.stores)
+
+    def reconnect(self, give_up_after: float, notice) -> float:
+        """After :meth:`drain`: connect again every connection Postgres dropped; seconds waited."""
+        waited = 0.0
+        for store in self.stores:
+            if not store.alive():
+                waited += store.reconnect(max(give_up_after - waited, 1.0), notice)
+        return waited
+
+    def close(self) -> None:
+        for pool in getattr(self, "_threads", ()):
+            pool.shutdown(wait=True)  # a batch still writing finishes (or fails) before its connection closes
+        for store in self.stores:
+            store.close()
