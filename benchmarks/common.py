@@ -39,8 +39,8 @@ def drop_topic(layout, topic: str) -> None:
     (one full `make bench` with --baseline writes tens of GB across three brokers)."""
     from kdg.kafka.clients import admin_client
 
-    future = admin_client(layout.bootstrap_servers).delete_topics([topic], operation_timeout=30)[topic]
-    future.result(60)
+    admin = admin_client(layout.bootstrap_servers)  # held until the answer: a destroyed client fails its futures
+    admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
 
 
 def median(values):
