@@ -114,18 +114,36 @@ def _ratios(ax, rows: list[dict]) -> None:
 
 
 def _latency(ax, results: list[dict]) -> None:
-    names = [f"{r['guarantee']}\n→ {r['sink']}" + ("\n(baseline)" if r["which"] == "baseline" else "")
-             for r in results]
-    xs = range(len(results))
-    width = 0.27
-    for i, (key, color) in enumerate((("p50_ms", "#68d391"), ("p95_ms", "#f6ad55"), ("p99_ms", "#e53e3e"))):
-        values = [r[key] or 0 for r in results]
-        bars = ax.bar([x + (i - 1) * width for x in xs], values, width=width, color=color, label=key[:3])
-        ax.bar_label(bars, labels=[f"{v:.0f}" for v in values], padding=2, fontsize=7, rotation=90)
-    ax.set_yscale("log")
-    ax.set_xticks(list(xs), names, fontsize=8)
-    ax.set_ylabel("ms from produce to visible at the sink (log scale)")
+    """One line per run from p50 to max, a marker at each percentile; log scale, the baseline's runs paler."""
+    from matplotlib.ticker import FuncFormatter
+
+    ys = list(range(len(results)))[::-1]
+    marks = (("p50_ms", "o", "#38a169"), ("p95_ms", "D", "#dd6b20"), ("p99_ms", "s", "#e53e3e"),
+             ("max_ms", "|", "black"))
+    for y, r in zip(ys, results):
+        alpha = 0.45 if r["which"] == "baseline" else 1.0
+        if r["p50_ms"] is None:
+            continue
+        ax.plot([max(r["p50_ms"], 0.1), max(r["max_ms"], 0.1)], [y, y], color="#718096", alpha=alpha, linewidth=1)
+        for key, marker, color in marks:
+            ax.plot(max(r[key], 0.1), y, marker=marker, color=color, alpha=alpha, linestyle="none",
+                    markersize=12 if key == "max_ms" else 8, label=key[:-3] if y == ys[0] else None)
+        ax.annotate(f"{r['p50_ms']:.0f}", (max(r["p50_ms"], 0.1), y), textcoords="offset points", xytext=(0, 7),
+                    ha="center", fontsize=7, alpha=alpha)
+        ax.annotate(f"{r['p99_ms']:.0f}", (max(r["p99_ms"], 0.1), y), textcoords="offset points", xytext=(0, 7),
+                    ha="center", fontsize=7, alpha=alpha)
+    ax.set_xscale("log")
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    ax.xaxis.set_major_formatter(plain)
+    ax.xaxis.set_minor_formatter(plain)
+    ax.tick_params(axis="x", which="both", labelsize=7)
+    ax.set_yticks(ys, [f"{r['guarantee']} → {r['sink']}" + (" (baseline)" if r["which"] == "baseline" else "")
+                       + ("\nFELL BEHIND the rate" if r["last_seen_after_producer_s"] > BEHIND_S else "")
+                       for r in results], fontsize=8)
+    ax.set_ylim(-0.7, len(results) - 0.3)
+    ax.set_xlabel("ms from produce (CreateTime) to visible at the sink, log scale; p50 and p99 written")
     rates = sorted({r["target_rate"] for r in results})
-    ax.set_title(f"end-to-end latency at {', '.join(f'{x:,.0f}' for x in rates)} msg/s", fontsize=10)
-    ax.legend(fontsize=8)
-    ax.margins(y=0.25)
+    ax.set_title(f"end-to-end latency, kdg produce → kdg consume, at {', '.join(f'{x:,.0f}' for x in rates)} "
+                 "msg/s", fontsize=10)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.grid(axis="x", which="both", alpha=0.3)
