@@ -52,7 +52,7 @@ def print_latency(results: list[dict], defaults: dict) -> None:
               f"| {_num(r['p95_ms'], '.1f')} | {_num(r['p99_ms'], '.1f')} | {_num(r['max_ms'], '.1f')} "
               f"| {r['achieved_rate']:,.0f} ({r['target_rate']:,.0f}) | {r['observed']:,} / {r['sent']:,} "
               f"| {r['consumer_cpu_s']} ({r['consumer_cpu_s_per_m']}) | {r['last_seen_after_producer_s']} "
-              f"| {r['verdict']} |")
+              f"| {r['verdict']}{_exit_note(r)} |")
         if r["last_seen_after_producer_s"] > BEHIND_S:
             behind.append(f"{r['guarantee']} → {r['sink']} ({r['which']})")
     if behind:
@@ -63,6 +63,13 @@ def print_latency(results: list[dict], defaults: dict) -> None:
           f"per batch of up to {defaults['consume_batch_size']} records or {defaults['consume_poll_timeout_s']} s "
           f"of polling; kdg produce exactly-once commits every {defaults['produce_txn_interval_ms']} ms "
           f"(or {defaults['produce_txn_size']} records). Consumer CPU includes its startup and warm-up.")
+
+
+def _exit_note(r: dict) -> str:
+    """kdg consume is stopped with SIGINT once everything is seen: it should say "interrupted" and exit 0."""
+    if r.get("consumer_exit") == 0 and r.get("consumer_stopped_by") == "interrupted":
+        return ""
+    return f"; consumer exited {r.get('consumer_exit')} ({r.get('consumer_stopped_by') or 'no report'})"
 
 
 def _label(r: dict) -> str:

@@ -317,6 +317,7 @@ def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, 
             "consumer_cpu_s": round(consumer.usage.cpu_s, 2), "consumer_wall_s": round(consumer.usage.wall_s, 1),
             "consumer_cpu_s_per_m": round(consumer.usage.cpu_s / records * 1e6, 1),
             "consumer_rss_mb": round(consumer.usage.rss_mb, 1), "consumer_batches": report.get("batches"),
+            "consumer_exit": consumer.returncode, "consumer_stopped_by": report.get("stopped_by"),
             # > a few seconds: the consumer did not keep up, and latencies grow with the run's length
             "last_seen_after_producer_s": round(max(first_seen) - producer_done, 1),
             "watcher_cpu_s": round(watcher_cpu, 2), "warm_up_s": round(warm_s, 1), "run_wall_s": round(run_s, 1),
