@@ -30,8 +30,12 @@ stack-up: setup
 stack-down:
 	$(KDG) stack down
 
+## bench: kdg against references run alongside (produce, exactly-once, consume → Postgres with CPU per million
+## rows) and end-to-end latency per guarantee and sink; prints one table, writes benchmarks/results/produce_bench.json
+## and docs/bench.png. Flags (see benchmarks/produce_bench.py): make bench BENCH_ARGS="--only latency --latency-seconds 20"
+BENCH_ARGS ?=
 bench: setup
-	$(BIN)/python benchmarks/produce_bench.py
+	$(BIN)/python benchmarks/produce_bench.py $(BENCH_ARGS)
 
 ## bench-spark: kdg spark-replay exactly-once vs a naive Spark JDBC append, and its driver memory at 1M vs 4M records
 bench-spark: setup

@@ -2,13 +2,15 @@
 
 import json
 import os
-import resource
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 from kdg.machine import machine  # noqa: F401  (re-exported for the scripts)
 from kdg.paths import default_state_dir
@@ -39,8 +41,8 @@ def drop_topic(layout, topic: str) -> None:
     (one full `make bench` with --baseline writes tens of GB across three brokers)."""
     from kdg.kafka.clients import admin_client
 
-    future = admin_client(layout.bootstrap_servers).delete_topics([topic], operation_timeout=30)[topic]
-    future.result(60)
+    admin = admin_client(layout.bootstrap_servers)  # held until the answer: a destroyed client fails its futures
+    admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
 
 
 def median(values):
@@ -61,22 +63,95 @@ class Usage:
     wall_s: float
     cpu_s: float        # the child's user + system time (all its threads: librdkafka's, the JVM's)
     busy_cores: float   # the machine's busy cores on average over the child's life (of os.cpu_count())
+    rss_mb: float = 0.0  # the child's peak resident set
 
     def to_dict(self) -> dict:
         return {k: round(v, 2) for k, v in asdict(self).items()}
 
 
+class Child:
+    """A subprocess measured alone: reaped with ``os.wait4``, so its own CPU seconds and peak RSS are known
+    even while other children run; stdout and stderr go to temporary files (no pipe to fill up)."""
+
+    def __init__(self, cmd: list[str], env: dict | None = None):
+        self.cmd = cmd
+        self._out, self._err = tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")
+        self._ticks, self._started = _machine_ticks(), time.perf_counter()
+        self.proc = subprocess.Popen(cmd, stdout=self._out, stderr=self._err, env=env, text=True)
+        self.returncode: int | None = None
+        self.usage: Usage | None = None
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Reap the child if it exits within ``timeout`` seconds (None: however long it takes); whether it did."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.returncode is None:
+            pid, status, ru = os.wait4(self.proc.pid, 0 if deadline is None else os.WNOHANG)
+            if pid:
+                wall = time.perf_counter() - self._started
+                busy1, total1 = _machine_ticks()
+                busy = (busy1 - self._ticks[0]) / max(total1 - self._ticks[1], 1) * (os.cpu_count() or 1)
+                self.returncode = self.proc.returncode = os.waitstatus_to_exitcode(status)
+                self.usage = Usage(wall, ru.ru_utime + ru.ru_stime, busy, ru.ru_maxrss / 1024)
+            elif time.monotonic() >= deadline:
+                return False
+            else:
+                time.sleep(0.05)
+        return True
+
+    def stop(self, grace: float = 30.0) -> None:
+        """SIGINT (kdg reports and exits), then SIGKILL after ``grace`` seconds; reaped either way. By pid only."""
+        if self.returncode is None:
+            os.kill(self.proc.pid, signal.SIGINT)
+            if not self.wait(grace):
+                os.kill(self.proc.pid, signal.SIGKILL)
+                self.wait()
+
+    def output(self) -> tuple[str, str]:
+        self._out.seek(0)
+        self._err.seek(0)
+        return self._out.read(), self._err.read()
+
+    def result(self) -> tuple[str, Usage]:
+        """Its stdout and :class:`Usage`, once it exited 0 (else RuntimeError with its stderr's end)."""
+        self.wait()
+        out, err = self.output()
+        if self.returncode != 0:
+            raise RuntimeError(f"{' '.join(map(str, self.cmd[:6]))} … exited {self.returncode}:\n{err[-3000:]}")
+        return out, self.usage
+
+
 def run_measured(cmd: list[str], env: dict | None = None) -> tuple[str, Usage]:
-    """Run ``cmd`` to completion (it must succeed); its stdout and :class:`Usage`. One child at a time."""
-    before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    busy0, total0 = _machine_ticks()
-    started = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    wall = time.perf_counter() - started
-    busy1, total1 = _machine_ticks()
-    after_children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd[:6])} … exited {proc.returncode}:\n{proc.stderr[-3000:]}")
-    cpu = (after_children.ru_utime - before_children.ru_utime) + (after_children.ru_stime - before_children.ru_stime)
-    busy = (busy1 - busy0) / max(total1 - total0, 1) * (os.cpu_count() or 1)
-    return proc.stdout, Usage(wall, cpu, busy)
+    """Run ``cmd`` to completion (it must succeed); its stdout and :class:`Usage`."""
+    return Child(cmd, env).result()
+
+
+def postgres_cpu(layout) -> float | None:
+    """CPU seconds the stack's embedded Postgres has used so far: the postmaster with the backends it has
+    reaped (cutime, cstime) plus its live children. None for an external server (not on this machine).
+
+    Take it before and after a measurement; wait a moment after a client disconnects, so its backend is
+    reaped (a zombie's stat still counts, but a backend still exiting may add a little).
+    """
+    from kdg.stack import postgres
+
+    root = postgres.pid(layout) if layout.uses_embedded_pg else None
+    if root is None:
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def stat(pid) -> list[str]:  # the fields after the command name: state, ppid, …, utime is [11]
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+    total = sum(int(f) for f in stat(root)[11:15])  # utime, stime, cutime, cstime
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            child = stat(pid)
+        except OSError:
+            continue
+        if child[1] == str(root):
+            total += int(child[11]) + int(child[12])
+    return total / tick

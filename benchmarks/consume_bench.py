@@ -1,0 +1,149 @@
+"""The consume part of `make bench`: `kdg consume` → Postgres against one asyncpg COPY of the same rows.
+
+Rows (rows/s; medians of --repeat, measurements interleaved in rotated order):
+
+  consume exactly-once → Postgres      vs one asyncpg COPY of the same rows into a table shaped like kdg's sink
+  consume at-least-once → Postgres     vs the same COPY
+  consume exactly-once, --pipeline 0   vs kdg's default pipelining — only if `kdg consume --help` lists
+                                          --pipeline (0: each batch written before the next is polled)
+
+Every run also gives CPU seconds per million rows: the consumer's own process (all threads, startup
+included; the COPY's is this process's asyncpg work) and the Postgres server's (the postmaster, the backends
+it reaped and its live children, from /proc). With --baseline the kdg rows run again with that kdg package.
+The input is N records of 100 B produced exactly-once by `kdg produce`; every kdg run reads all of it
+(`-e`) in a fresh group into a fresh table, with --batch-size 10000.
+"""
+
+import asyncio
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+from common import _machine_ticks, drop_topic, fresh_topic, kdg_json, postgres_cpu, run_measured
+from measures import BASELINE, Measures, row
+
+from kdg.settings import table_name
+
+BATCH = 10_000
+COPY_ROWS_MAX = 500_000  # the reference's rate does not depend on more; its rows are built in memory first
+
+
+def fresh_table(prefix: str):
+    """A new sink table's name, checked as kdg checks --table (a plain lower-case identifier)."""
+    return table_name(fresh_topic(prefix).replace("-", "_"))
+
+
+def lists_option(kdg_path: str, command: str, option: str) -> bool:
+    """Whether the kdg package in ``kdg_path`` has ``option`` for ``command`` (read from its --help)."""
+    env = {**os.environ, "PYTHONPATH": kdg_path, "COLUMNS": "250", "NO_COLOR": "1"}
+    out = subprocess.run([sys.executable, "-m", "kdg", command, "--help"], capture_output=True, text=True, env=env)
+    return f"{option} " in out.stdout or f"{option}\n" in out.stdout
+
+
+async def sql(dsn: str, *statements: tuple) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        for statement, *args in statements:
+            await conn.execute(statement, *args)
+    finally:
+        await conn.close()
+
+
+def drop_sink(layout, table, group: str) -> None:
+    asyncio.run(sql(layout.pg_dsn, (f"DROP TABLE IF EXISTS {table.sql}",),
+                    ("DELETE FROM kdg_dedup WHERE sink_table = $1", table.text),
+                    ("DELETE FROM kdg_offsets WHERE consumer_group = $1", group)))
+
+
+def kdg_consume(layout, topic: str, guarantee: str, kdg_path: str, *extra) -> dict:
+    """`kdg consume -e` of the whole topic into a fresh table; its rate, CPU, peak RSS and Postgres's CPU."""
+    table, group = fresh_table("sink"), fresh_topic("g")
+    env = {**os.environ, "PYTHONPATH": kdg_path, "KDG_BOOTSTRAP_SERVERS": layout.bootstrap_servers,
+           "KDG_PG_DSN": layout.pg_dsn}
+    pg_before = postgres_cpu(layout)
+    try:
+        out, usage = run_measured([sys.executable, "-m", "kdg", "consume", topic, "-G", group, "-g", guarantee,
+                                   "--table", table.text, "-e", "--batch-size", str(BATCH), *map(str, extra),
+                                   "--json"], env)
+        time.sleep(0.5)  # the consumer's backend exits with it: let the postmaster reap it (its CPU into cutime)
+        pg_after = postgres_cpu(layout)
+    finally:
+        drop_sink(layout, table, group)
+    report = json.loads(out)
+    return {"rate": report["msgs_per_s"], "records": report["consumed"],
+            "pg_cpu_s": None if pg_before is None else round(pg_after - pg_before, 2), **usage.to_dict()}
+
+
+def raw_copy(layout, rows: list[tuple]) -> dict:
+    """The reference: one asyncpg COPY of ``rows`` into a fresh table shaped like kdg's sink, in this process."""
+    import asyncpg
+
+    table = fresh_table("copy")
+
+    async def copy() -> float:
+        conn = await asyncpg.connect(layout.pg_dsn)
+        try:
+            started = time.perf_counter()
+            async with conn.transaction():
+                await conn.copy_records_to_table(
+                    table.name, records=rows, columns=["idempotency_key", "consumer_group", "topic", "partition",
+                                                       "offset", "key", "value", "headers"])
+            return time.perf_counter() - started
+        finally:
+            await conn.close()
+
+    asyncio.run(sql(layout.pg_dsn, (f"CREATE TABLE {table.sql} (LIKE kdg_events INCLUDING DEFAULTS "
+                                    "INCLUDING INDEXES)",)))
+    try:
+        me, ticks, pg_before = resource.getrusage(resource.RUSAGE_SELF), _machine_ticks(), postgres_cpu(layout)
+        seconds = asyncio.run(copy())
+        after, ticks_after = resource.getrusage(resource.RUSAGE_SELF), _machine_ticks()
+        time.sleep(0.5)  # as in kdg_consume: the closed connection's backend is reaped first
+        pg_after = postgres_cpu(layout)
+    finally:
+        asyncio.run(sql(layout.pg_dsn, (f"DROP TABLE IF EXISTS {table.sql}",)))
+    busy = (ticks_after[0] - ticks[0]) / max(ticks_after[1] - ticks[1], 1) * (os.cpu_count() or 1)
+    return {"rate": round(len(rows) / seconds, 1), "records": len(rows),
+            "pg_cpu_s": None if pg_before is None else round(pg_after - pg_before, 2),
+            "cpu_s": round(after.ru_utime + after.ru_stime - me.ru_utime - me.ru_stime, 2),
+            "wall_s": round(seconds, 2), "busy_cores": round(busy, 2)}
+
+
+def consume_rows(layout, measures: Measures, records: int, repeat: int, here: str, baseline: str | None) -> list:
+    """Measure the consume part into ``measures``; its table rows."""
+    topic = fresh_topic("consume")
+    kdg_json(layout, "produce", topic, "-g", "exactly-once", "--count", records, "--size", 100,
+             "--txn-size", 100_000, "--no-ledger")
+    rows = [(f"raw-{i}", "bench", topic, i % 3, i, None, b"x" * 100, "{}") for i in range(min(records, COPY_ROWS_MAX))]
+    pipeline = lists_option(here, "consume", "--pipeline")
+    print(f"consume: {records} records of 100 B, --batch-size {BATCH}; `kdg consume --pipeline` "
+          + ("found: --pipeline 0 measured too" if pipeline else "not found: no --pipeline row"))
+    runs = {
+        "consume EOS": lambda: kdg_consume(layout, topic, "exactly-once", here),
+        "consume ALO": lambda: kdg_consume(layout, topic, "at-least-once", here),
+        "asyncpg COPY": lambda: raw_copy(layout, rows)}
+    if pipeline:
+        runs["consume EOS pipeline 0"] = lambda: kdg_consume(layout, topic, "exactly-once", here, "--pipeline", 0)
+    if baseline:
+        runs["consume EOS" + BASELINE] = lambda: kdg_consume(layout, topic, "exactly-once", baseline)
+        runs["consume ALO" + BASELINE] = lambda: kdg_consume(layout, topic, "at-least-once", baseline)
+        if pipeline and lists_option(baseline, "consume", "--pipeline"):
+            runs["consume EOS pipeline 0" + BASELINE] = (
+                lambda: kdg_consume(layout, topic, "exactly-once", baseline, "--pipeline", 0))
+    try:
+        measures.repeat(repeat, runs)
+    finally:
+        drop_topic(layout, topic)
+    out = [row(measures, "consume exactly-once → Postgres (rows/s)", "consume EOS", "asyncpg COPY",
+               "one asyncpg COPY"),
+           row(measures, "consume at-least-once → Postgres (rows/s)", "consume ALO", "asyncpg COPY",
+               "one asyncpg COPY")]
+    if pipeline:
+        out.append(row(measures, "consume exactly-once → Postgres, --pipeline 0 (rows/s)", "consume EOS pipeline 0",
+                       "consume EOS", "kdg default pipelining"))
+    return out
