@@ -10,7 +10,9 @@ For each guarantee (at-most-once, at-least-once, exactly-once) and each sink (Po
      settings (exactly-once commits a transaction every --txn-interval-ms, kdg's default); no ledger, so the
      producer puts no load on Postgres that a pipeline fed by another producer would not have;
   4. a watcher in this process stamps when each record first becomes visible: for Postgres a poller that
-     selects the rows added since its last look (by the sink table's bigserial row_id) every 5 ms, for Kafka
+     selects the rows added since its last look (by the sink table's bigserial row_id) every 5 ms — under
+     exactly-once each row is then stamped exactly from when the group's kdg_offsets (polled every 5 ms too)
+     moved past it, since pipelined batches commit in order but interleave their row_ids — for Kafka
      a read_committed consumer of OUT (fetch.wait.max.ms 10). Both read the record's kdg-seq header (the
      producer's sequence number; kdg consume keeps headers in the row and on the output record);
   5. once the producer is done and the watcher has seen every record sent (or nothing new for 10 s), the
@@ -20,14 +22,14 @@ For each guarantee (at-most-once, at-least-once, exactly-once) and each sink (Po
 
 Latency = first seen − CreateTime, in ms (CreateTime has ms resolution; both clocks are this machine's). It
 includes the watcher's own delay: up to one poll period plus the query, or the read_committed fetch.
-A row committed with a smaller row_id after the poller moved past it is counted as missed by the poller.
+Under the other guarantees one connection writes batch after batch, so row_id order is commit order; a row
+committed with a smaller row_id after the poller moved past it would be counted as missed by the poller.
 """
 
 import asyncio
-import inspect
+import bisect
 import json
 import os
-import re
 import resource
 import sys
 import threading
@@ -39,7 +41,7 @@ from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, KafkaError,
 from common import Child, drop_topic, fresh_topic
 from consume_bench import drop_sink, fresh_table
 
-from kdg.guarantees import policy_for
+from kdg.guarantees import CommitMode, policy_for
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.clients import Role, client_config, new_consumer, new_producer
 from kdg.records import ID_HEADER, SEQ_HEADER
@@ -95,12 +97,15 @@ class Watcher(threading.Thread):
 
 
 class PostgresWatcher(Watcher):
-    def __init__(self, dsn: str, table, records: int):
+    def __init__(self, dsn: str, table, records: int, offsets_of: tuple[str, str] | None = None):
         super().__init__(records)
         self.dsn, self.table = dsn, table
         self.rows = 0                # every row the poller read, warm-up and repeats included
         self.last_row_id = 0
         self.missed: int | None = None  # rows committed behind the poller's row_id mark, found at the end
+        # exactly-once: (group, topic) whose kdg_offsets rows commit with the sink rows; their moves time each row
+        self.offsets_of = offsets_of
+        self.moves: dict[int, list[tuple[int, float]]] = {}  # partition -> [(next_offset, first seen at)]
 
     def watch(self) -> None:
         asyncio.run(self._watch())
@@ -116,6 +121,8 @@ class PostgresWatcher(Watcher):
                 await asyncio.sleep(0.05)
             new_rows = await conn.prepare(f"SELECT row_id, headers->>($2::text) FROM {self.table.sql} "
                                           "WHERE row_id > $1 ORDER BY row_id")
+            stored = await conn.prepare('SELECT "partition", next_offset FROM kdg_offsets '
+                                        "WHERE consumer_group = $1 AND topic = $2 AND next_offset IS NOT NULL")
             while True:
                 stopping = self.stopping.is_set()  # one more look after stop() was asked
                 rows = await new_rows.fetch(self.last_row_id, SEQ_HEADER)
@@ -125,14 +132,36 @@ class PostgresWatcher(Watcher):
                 if rows:
                     self.rows += len(rows)
                     self.last_row_id = rows[-1][0]
+                if self.offsets_of is not None:
+                    for partition, next_offset in await stored.fetch(*self.offsets_of):
+                        moves = self.moves.setdefault(partition, [])
+                        if not moves or moves[-1][0] != next_offset:
+                            moves.append((next_offset, now))
                 if stopping:
                     break
                 await asyncio.sleep(PG_POLL_S)
+            if self.offsets_of is not None:
+                await self._stamp_by_offsets(conn)
             behind = await conn.fetchval(f"SELECT count(*) FROM {self.table.sql} WHERE row_id <= $1",
                                          self.last_row_id)
             self.missed = behind - self.rows
         finally:
             await conn.close()
+
+    async def _stamp_by_offsets(self, conn) -> None:
+        """Exactly-once: a row became visible with the transaction that moved its partition's stored offset past
+        it. Pipelined batches commit in order but their row_ids interleave, so row_id order is not commit order:
+        every row is stamped again, exactly, from the offsets' moves (each polled every PG_POLL_S like the rows)."""
+        self.first_seen = array("d", bytes(8 * len(self.first_seen)))
+        self.seen = self.distinct = self.warm = self.foreign = self.rows = 0
+        ends = {p: [n for n, _ in moves] for p, moves in self.moves.items()}
+        now = time.time()
+        for partition, offset, seq in await conn.fetch(
+                f'SELECT "partition", "offset", headers->>($1::text) FROM {self.table.sql}', SEQ_HEADER):
+            i = bisect.bisect_right(ends.get(partition, []), offset)
+            self.note(seq, self.moves[partition][i][1] if i < len(ends.get(partition, [])) else now)
+            self.rows += 1
+        self.last_row_id = await conn.fetchval(f"SELECT coalesce(max(row_id), 0) FROM {self.table.sql}")
 
 
 class KafkaWatcher(Watcher):
@@ -261,7 +290,8 @@ def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, 
     table = out_topic = None
     if sink == "postgres":
         table = fresh_table("lat")
-        watcher, sink_args = PostgresWatcher(layout.pg_dsn, table, records), ["--table", table.text]
+        offsets_of = (group, topic) if policy_for(guarantee).commit_mode is CommitMode.IN_SINK_TRANSACTION else None
+        watcher, sink_args = PostgresWatcher(layout.pg_dsn, table, records, offsets_of), ["--table", table.text]
     else:
         out_topic = fresh_topic("lat-out")
         ensure_topic(bootstrap, out_topic, partitions=PARTITIONS)
@@ -331,13 +361,13 @@ def _cpu_since(before) -> float:
 
 def kdg_defaults() -> dict:
     """The consume and produce defaults that set the pace of a batch (read from this kdg's code)."""
-    from kdg import consume
     from kdg.consume import ConsumeRequest
     from kdg.produce import ProduceRequest
 
-    poll = re.search(r"poll_batch\(\s*\w+\s*,\s*([\d.]+)", inspect.getsource(consume))
-    return {"consume_batch_size": ConsumeRequest.__dataclass_fields__["batch_size"].default,
-            "consume_poll_timeout_s": float(poll.group(1)) if poll else None,
+    fields = ConsumeRequest.__dataclass_fields__
+    return {"consume_batch_size": fields["batch_size"].default,
+            # --batch-ms since the pipelined consumer; a fixed 0.5 s poll before it
+            "consume_poll_timeout_s": fields["batch_ms"].default / 1000 if "batch_ms" in fields else 0.5,
             "produce_txn_interval_ms": ProduceRequest.__dataclass_fields__["txn_interval_ms"].default,
             "produce_txn_size": ProduceRequest.__dataclass_fields__["txn_size"].default}
 
