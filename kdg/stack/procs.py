@@ -81,7 +81,7 @@ def stop_pids(pids: list[int], *, timeout: float = 30.0, hard: bool = False, sig
             os.kill(pid, sig)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if not any(_alive(pid) for pid in pids):
+        if not any(_alive(pid) or _group_alive(pid) for pid in pids):
             return
         time.sleep(0.1)
     for pid in pids:
@@ -89,7 +89,7 @@ def stop_pids(pids: list[int], *, timeout: float = 30.0, hard: bool = False, sig
             os.killpg(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
-    while any(_alive(pid) for pid in pids) and time.monotonic() < deadline + 10:
+    while any(_alive(pid) or _group_alive(pid) for pid in pids) and time.monotonic() < deadline + 10:
         time.sleep(0.1)
 
 
@@ -100,6 +100,23 @@ def _alive(pid: int) -> bool:
         pass
     state = process_state(pid)
     return state is not None and state != "Z"
+
+
+def _group_alive(pgid: int) -> bool:
+    """Whether any live (not zombie) process is still in process group ``pgid``.
+
+    A server's children outlive its leader for a moment, longer when the kill finds one in the
+    middle of a disk write (a SIGKILLed Postgres's checkpointer): a new server started on the same
+    data directory meanwhile finds the old shared memory still attached and refuses to start.
+    """
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+        except OSError:  # gone while we looked
+            continue
+        if fields[2] == str(pgid) and fields[0] != "Z":
+            return True
+    return False
 
 
 def port_open(host: str, port: int, timeout: float = 0.5) -> bool:
