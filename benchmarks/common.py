@@ -24,10 +24,13 @@ def stack():
     return layout
 
 
+# Every kdg child runs as `python -P -m kdg`: without -P, `-m` puts the working directory first on sys.path,
+# so from the repository root a --baseline's PYTHONPATH lost to ./kdg and the "before" runs measured the
+# current code.
 def kdg_json(layout, *args, env=None) -> dict:
     full = {**os.environ, "KDG_BOOTSTRAP_SERVERS": layout.bootstrap_servers, "KDG_PG_DSN": layout.pg_dsn,
             **(env or {})}
-    out = subprocess.run([sys.executable, "-m", "kdg", *map(str, args), "--json"], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-P", "-m", "kdg", *map(str, args), "--json"], capture_output=True, text=True,
                          env=full, check=True)
     return json.loads(out.stdout)
 

@@ -39,7 +39,7 @@ def fresh_table(prefix: str):
 def lists_option(kdg_path: str, command: str, option: str) -> bool:
     """Whether the kdg package in ``kdg_path`` has ``option`` for ``command`` (read from its --help)."""
     env = {**os.environ, "PYTHONPATH": kdg_path, "COLUMNS": "250", "NO_COLOR": "1"}
-    out = subprocess.run([sys.executable, "-m", "kdg", command, "--help"], capture_output=True, text=True, env=env)
+    out = subprocess.run([sys.executable, "-P", "-m", "kdg", command, "--help"], capture_output=True, text=True, env=env)
     return f"{option} " in out.stdout or f"{option}\n" in out.stdout
 
 
@@ -67,7 +67,7 @@ def kdg_consume(layout, topic: str, guarantee: str, kdg_path: str, *extra) -> di
            "KDG_PG_DSN": layout.pg_dsn}
     pg_before = postgres_cpu(layout)
     try:
-        out, usage = run_measured([sys.executable, "-m", "kdg", "consume", topic, "-G", group, "-g", guarantee,
+        out, usage = run_measured([sys.executable, "-P", "-m", "kdg", "consume", topic, "-G", group, "-g", guarantee,
                                    "--table", table.text, "-e", "--batch-size", str(BATCH), *map(str, extra),
                                    "--json"], env)
         time.sleep(0.5)  # the consumer's backend exits with it: let the postmaster reap it (its CPU into cutime)

@@ -297,7 +297,7 @@ def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, 
         ensure_topic(bootstrap, out_topic, partitions=PARTITIONS)
         watcher, sink_args = KafkaWatcher(bootstrap, out_topic, records), ["--sink", f"kafka:{out_topic}"]
     env = {**os.environ, "PYTHONPATH": kdg_path, "KDG_BOOTSTRAP_SERVERS": bootstrap, "KDG_PG_DSN": layout.pg_dsn}
-    kdg = [sys.executable, "-m", "kdg"]
+    kdg = [sys.executable, "-P", "-m", "kdg"]
     consumer = producer = None
     me = resource.getrusage(resource.RUSAGE_SELF)  # the watcher's cost, in this process
     started = time.monotonic()

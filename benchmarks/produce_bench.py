@@ -110,7 +110,7 @@ def kdg_produce(layout, size: int, records: int, guarantee: str, ledger: bool, k
     env = {**os.environ, "PYTHONPATH": kdg_path, "KDG_BOOTSTRAP_SERVERS": layout.bootstrap_servers,
            "KDG_PG_DSN": layout.pg_dsn}
     try:
-        out, usage = run_measured([sys.executable, "-m", "kdg", *map(str, args)], env)
+        out, usage = run_measured([sys.executable, "-P", "-m", "kdg", *map(str, args)], env)
     finally:
         drop_topic(layout, topic)
         if ledger:

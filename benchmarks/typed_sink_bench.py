@@ -111,7 +111,7 @@ def consume(layout, topic: str, table: str, args: list[str]) -> dict:
     env = {**os.environ, "KDG_BOOTSTRAP_SERVERS": layout.bootstrap_servers, "KDG_PG_DSN": layout.pg_dsn}
     before_children = resource.getrusage(resource.RUSAGE_CHILDREN)
     pg_before = postgres_cpu(layout)
-    out = subprocess.run([sys.executable, "-m", "kdg", "consume", topic, "-G", f"bench-{uuid.uuid4().hex[:8]}",
+    out = subprocess.run([sys.executable, "-P", "-m", "kdg", "consume", topic, "-G", f"bench-{uuid.uuid4().hex[:8]}",
                           "-g", "exactly-once", "-e", "--id-from", "json:id", "--table", table, *args, "--json"],
                          capture_output=True, text=True, env=env)
     if out.returncode != 0:
