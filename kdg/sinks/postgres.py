@@ -55,7 +55,10 @@ class PostgresSink(Sink):
 
     @property
     def records_in_flight(self) -> int:
-        return self.pipeline.records_in_flight if self.pipeline is not None else 0
+        """Records submitted whose outcome the loop has not had yet (drained at a rebalance included)."""
+        if self.pipeline is None:
+            return 0
+        return self.pipeline.records_in_flight + sum(len(done.batch) for done in self._held)
 
     def submit(self, batch: Batch, *, atomic: bool) -> list[Outcome]:
         if self.pipeline is None or not atomic:
