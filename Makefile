@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 KDG     = $(BIN)/kdg
 
-.PHONY: setup demo test stack-up stack-down bench bench-spark clean
+.PHONY: setup demo test test-fast test-long stack-up stack-down bench bench-spark clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,9 +20,23 @@ setup: $(VENV)/.installed
 demo: setup
 	bash scripts/demo.sh
 
-## test: the whole suite against a real stack the tests start and stop themselves
+## test: the suite against real servers the tests start (each once, shared) and stop themselves; on
+## TEST_WORKERS pytest-xdist workers, since most of its time is spent waiting on servers, not computing
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/pytest -q
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
+
+## test-fast: the pure-Python tier, no server started (under a minute)
+test-fast: setup
+	$(BIN)/pytest -q -m "not stack"
+
+## test-long: the long tier (every kill point on every sink, ...) and the 100k-record chaos matrix on the
+## local stack (kdg stack up); run it before resolving an issue that touches a guarantee path
+CHAOS_LONG ?= --messages 100000 --repeat 3 --faults consumer-kill,consumer-pause,postgres-restart,broker-kill
+test-long: setup
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m long --durations=10
+	$(KDG) stack up
+	$(KDG) chaos run $(CHAOS_LONG) --report docs/chaos-long
 
 stack-up: setup
 	$(KDG) stack up

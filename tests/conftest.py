@@ -2,8 +2,16 @@
 
 Tests get their own state directory and ports (29092.., 25432) so a user's stack is untouched.
 Nothing here mocks Kafka or Postgres; a missing Java or Maven fails the run with kdg's message.
+
+One session may run on several pytest-xdist workers (`make test` does). Each shared server is still
+started once, lazily, by the first test that needs it, whichever worker that is
+(:class:`SharedServers`), and stopped by pid at the end by the process that owns the run. Tests that
+stop a broker or Postgres under everyone (marker ``disrupts_stack``) run alone: every other test on
+the stack holds a shared lock while it runs, and such a test an exclusive one (:func:`stack_access`).
 """
 
+import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -22,36 +30,158 @@ from kdg.stack.layout import StackLayout
 
 TEST_BROKER_PORT = int(os.environ.get("KDG_TEST_BROKER_PORT", "29092"))
 TEST_PG_PORT = int(os.environ.get("KDG_TEST_PG_PORT", "25432"))
+RUN_DIR_ENV = "KDG_TEST_RUN_DIR"  # set by the process that owns the run; its xdist workers inherit it
+# fixtures that reach a server: a test using any of them is in the `stack` tier
+SERVER_FIXTURES = {"stack", "external_pg", "secure_stack"}
+
+
+# -- tiers and groups --------------------------------------------------------------------------------
+def pytest_configure(config):
+    config.addinivalue_line("markers", "stack: reaches a real server (added from the fixtures a test uses)")
+    config.addinivalue_line("markers", "disrupts_stack: stops a broker or Postgres of the shared stack; runs alone")
+    config.addinivalue_line("markers", "long: a long run or a wide matrix, for `make test-long` (pytest -m long)")
+    if os.environ.get(RUN_DIR_ENV) is None:  # the owner: a plain pytest, or xdist's controller
+        run_dir = Path(tempfile.mkdtemp(prefix="kdg-test-run-"))
+        os.environ[RUN_DIR_ENV] = str(run_dir)
+        config.kdg_run_dir = run_dir
+
+
+def pytest_unconfigure(config):
+    run_dir = getattr(config, "kdg_run_dir", None)
+    if run_dir is not None:
+        SharedServers(run_dir).stop_all()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark the `stack` tier; keep a module with module-scoped fixtures on one xdist worker; leave the `long`
+    tier out unless ``-m`` asks for it (deselected, never skipped)."""
+    long_wanted = "long" in (config.option.markexpr or "")
+    kept, dropped = [], []
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & SERVER_FIXTURES or item.get_closest_marker("disrupts_stack"):
+            item.add_marker(pytest.mark.stack)
+        defs = getattr(item, "_fixtureinfo", None)
+        if defs is not None and any(d.scope == "module" for ds in defs.name2fixturedefs.values() for d in ds):
+            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+        (kept if long_wanted or not item.get_closest_marker("long") else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """A test on the shared stack holds the stack's lock from its setup (module fixtures too) to its teardown."""
+    if "stack" not in getattr(item, "fixturenames", ()) and not item.get_closest_marker("disrupts_stack"):
+        yield
+        return
+    with stack_access(exclusive=item.get_closest_marker("disrupts_stack") is not None):
+        yield
+
+
+@contextlib.contextmanager
+def stack_access(*, exclusive: bool):
+    """Shared (most tests) or exclusive (a test that stops a broker or Postgres) use of the session stack.
+
+    Readers pass a gate first, and a writer holds the gate while it waits, so a writer is never starved
+    by readers arriving on the other workers.
+    """
+    run_dir = Path(os.environ[RUN_DIR_ENV])
+    with open(run_dir / "stack.gate", "a") as gate, open(run_dir / "stack.rw", "a") as rw:
+        fcntl.flock(gate, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(rw, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
+        finally:
+            if not exclusive:
+                fcntl.flock(gate, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(rw, fcntl.LOCK_UN)
+            fcntl.flock(gate, fcntl.LOCK_UN)
+
+
+# -- servers shared by every worker of a session ----------------------------------------------------
+class SharedServers:
+    """Servers started at most once per run, by whichever process asks first, under a file lock.
+
+    ``run_dir/NAME.json`` says what was started (or why it could not be); the owner of the run stops
+    each one in :meth:`stop_all`.
+    """
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+
+    def get(self, name: str, start) -> dict:
+        """The saved description of server ``name``, calling ``start()`` (which returns one) the first time."""
+        record = self.run_dir / f"{name}.json"
+        with open(self.run_dir / f"{name}.lock", "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not record.exists():
+                try:
+                    found = {"ok": True, **start()}
+                except (KdgError, RuntimeError) as exc:  # every later asker fails with the same reason at once
+                    found = {"ok": False, "error": str(exc)}
+                record.write_text(json.dumps(found))
+            found = json.loads(record.read_text())
+        if not found["ok"]:
+            pytest.fail(f"could not start the test's {name}: {found['error']}", pytrace=False)
+        return found
+
+    def stop_all(self) -> None:
+        record = self.run_dir / "stack.json"
+        if record.exists() and "state_dir" in (saved := json.loads(record.read_text())):
+            layout = _session_layout(Path(saved["state_dir"]))
+            cluster.down(layout, purge=True)  # brokers, Postgres and any Spark part, by pid
+            shutil.rmtree(layout.state_dir, ignore_errors=True)
+        record = self.run_dir / "external_pg.json"
+        if record.exists() and "base" in (saved := json.loads(record.read_text())):
+            from pg_server import stop_external_postgres
+
+            stop_external_postgres(Path(saved["base"]))
+
+
+def _session_layout(state: Path) -> StackLayout:
+    return StackLayout(state_dir=state, brokers=3, broker_port=TEST_BROKER_PORT, pg_port=TEST_PG_PORT,
+                       external_pg_dsn=os.environ.get("KDG_TEST_PG_DSN"))
+
+
+def _shared() -> SharedServers:
+    return SharedServers(Path(os.environ[RUN_DIR_ENV]))
 
 
 @pytest.fixture(scope="session")
-def stack():
-    state = Path(tempfile.mkdtemp(prefix="kdg-test-stack-"))
-    layout = StackLayout(state_dir=state, brokers=3, broker_port=TEST_BROKER_PORT, pg_port=TEST_PG_PORT,
-                         external_pg_dsn=os.environ.get("KDG_TEST_PG_DSN"))
-    try:
-        cluster.up(layout, echo=lambda *a: None)
-    except KdgError as exc:
-        cluster.down(layout, purge=True)
-        pytest.exit(f"could not start the test stack: {exc}", returncode=3)
-    yield layout
-    cluster.down(layout, purge=True)
-    shutil.rmtree(state, ignore_errors=True)
+def stack() -> StackLayout:
+    def start() -> dict:
+        layout = _session_layout(Path(tempfile.mkdtemp(prefix="kdg-test-stack-")))
+        try:
+            cluster.up(layout, echo=lambda *a: None)
+        except KdgError:
+            cluster.down(layout, purge=True)
+            raise
+        return {"state_dir": str(layout.state_dir)}
+
+    return _session_layout(Path(_shared().get("stack", start)["state_dir"]))
 
 
 @pytest.fixture(scope="session")
-def external_pg():
+def external_pg() -> str:
     """A PostgreSQL server apart from the stack's, reached by password: ``postgresql://appuser:…@…/appdb``.
 
     Debian's ``postgresql`` binaries; missing, they fail the tests that need them (never a skip).
     """
-    from pg_server import PostgresServerError, external_postgres
+    from pg_server import PostgresServerError, start_external_postgres
 
-    try:
-        with external_postgres() as dsn:
-            yield dsn
-    except PostgresServerError as exc:
-        pytest.fail(f"the external PostgreSQL server for tests: {exc}", pytrace=False)
+    def start() -> dict:
+        try:
+            dsn, base = start_external_postgres()
+        except PostgresServerError as exc:
+            raise RuntimeError(f"the external PostgreSQL server for tests: {exc}") from None
+        return {"dsn": dsn, "base": str(base)}
+
+    return _shared().get("external_pg", start)["dsn"]
 
 
 @pytest.fixture(scope="session")

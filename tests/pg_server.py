@@ -70,9 +70,11 @@ def _run(cmd: list, what: str) -> str:
     return proc.stdout
 
 
-@contextlib.contextmanager
-def external_postgres() -> Iterator[str]:
-    """Start a throw-away server; yield ``postgresql://appuser:PASSWORD@127.0.0.1:PORT/appdb``."""
+def start_external_postgres() -> tuple[str, Path]:
+    """Start a throw-away server: ``(postgresql://appuser:PASSWORD@127.0.0.1:PORT/appdb, its folder)``.
+
+    :func:`stop_external_postgres` with that folder stops it (from any process) and removes the folder.
+    """
     bins = bin_dir()
     base = Path(tempfile.mkdtemp(prefix="kdg-test-extpg-"))
     data, log = base / "data", base / "postgres.log"
@@ -97,10 +99,28 @@ def external_postgres() -> Iterator[str]:
         sql("postgres", f"CREATE ROLE {ROLE} LOGIN CREATEDB PASSWORD '{password}'")  # CREATEDB: fresh_database
         sql("postgres", f"CREATE DATABASE {DATABASE} OWNER {ROLE}")
         sql(DATABASE, f"CREATE SCHEMA {SCHEMA} AUTHORIZATION {ROLE}")
-        yield f"postgresql://{ROLE}:{password}@{HOST}:{port}/{DATABASE}"
+        return f"postgresql://{ROLE}:{password}@{HOST}:{port}/{DATABASE}", base
+    except BaseException:
+        stop_external_postgres(base)
+        raise
+
+
+def stop_external_postgres(base: Path) -> None:
+    """Stop the server :func:`start_external_postgres` started in ``base`` (by its data directory); remove ``base``."""
+    try:
+        _stop(bin_dir(), base / "data")
     finally:
-        _stop(bins, data)
         shutil.rmtree(base, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def external_postgres() -> Iterator[str]:
+    """A throw-away server for the block: yields ``postgresql://appuser:PASSWORD@127.0.0.1:PORT/appdb``."""
+    dsn, base = start_external_postgres()
+    try:
+        yield dsn
+    finally:
+        stop_external_postgres(base)
 
 
 @contextlib.contextmanager

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from conftest import audited
 
 from kdg.stack import postgres, procs
@@ -74,6 +75,7 @@ def test_sigkill_while_a_batch_commits_and_the_next_is_written(kdg, topic, group
     _exactly_once(kdg, topic, group)
 
 
+@pytest.mark.disrupts_stack
 def test_postgres_restarted_between_two_pipelined_batches(kdg, stack, topic, group):
     """Stopped with one batch about to commit and the next being written; Postgres SIGKILLed and
     restarted under both connections; resumed: both batches' fates are read back from kdg_offsets."""

@@ -9,6 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import pytest
 from conftest import TEST_BROKER_PORT, TEST_PG_PORT, as_json
 
 from kdg.kafka.admin import describe_topic, ensure_topic
@@ -37,6 +38,7 @@ def test_topic_defaults_are_durable(conn):
     assert seen["min.insync.replicas"] == 2
 
 
+@pytest.mark.disrupts_stack
 def test_killed_broker_is_reported_down_and_up_restores_it(kdg, stack):
     pid = kafka_node.pid(stack, 3)
     os.kill(pid, signal.SIGKILL)
@@ -64,6 +66,7 @@ def test_doctor_names_the_failing_check(kdg):
     assert "hunter2" not in proc.stdout + proc.stderr  # secrets are never printed
 
 
+@pytest.mark.stack  # a stack of its own, on ports of its own
 def test_single_broker_stack_and_down_leaves_nothing_running():
     """`--brokers 1`: RF 1 / min ISR 1; `down` stops every process `up` started."""
     state = Path(tempfile.mkdtemp(prefix="kdg-test-single-"))

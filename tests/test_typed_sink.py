@@ -333,6 +333,7 @@ def test_exactly_once_upsert_killed_anywhere_gives_each_order_once_at_its_last_v
 
 # -- Postgres going away mid-consume ---------------------------------------------------------------
 
+@pytest.mark.disrupts_stack
 @pytest.mark.parametrize("guarantee", ["exactly-once", "at-most-once"])
 def test_postgres_killed_and_restarted_mid_consume_is_waited_for_not_dead_lettered(kdg, stack, conn, topic, group,
                                                                                 table, tmp_path, guarantee):
