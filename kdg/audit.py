@@ -202,6 +202,7 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
     from kdg.kafka.clients import vet_unguarded
 
     kind, out_topic = parse_sink(sink)
+    spelled = table_name(table)  # a malformed name is refused before anything is read
     vet_unguarded(conn.bootstrap_servers, conn.extra)  # a property the audit's readers refuse, refused up front
     report = AuditReport(topic=topic, sink=sink, group=group)
     with Store(conn.pg_dsn) as store:
@@ -211,8 +212,9 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
             got = _GOT_TOPIC
             report.basis, got_args, kdg_shaped = "output topic", [], False
         else:
-            got, got_args, kdg_shaped = _sink_keys(store, table_name(table), topic, group, report)
-        report.positions_of = group or (_only_group(store, topic, table_name(table).sql, kdg_shaped)
+            identity = store.resolve_table(spelled)  # the key its claims were made under
+            got, got_args, kdg_shaped = _sink_keys(store, identity, topic, group, report)
+        report.positions_of = group or (_only_group(store, topic, identity.sql, kdg_shaped)
                                         if kind == "postgres" else None)
         known = _load_positions(store, conn, topic, report.positions_of)
         store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int)")

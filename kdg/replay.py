@@ -73,8 +73,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
     from kdg.store.pg import Store
 
     policy = policy_for(req.guarantee)
-    # canonical: the dedup key, the report, WriteSpec (picklable)
-    table = req.mapping.table.text if req.mapping is not None else table_name(req.table).text
+    table_name(req.mapping.table if req.mapping is not None else req.table)  # a malformed name: refused first
     id_kind, id_arg = _id_from(req.id_from)
     if not req.group.strip():
         raise UsageError("--group must not be empty")
@@ -90,8 +89,10 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
         typed = None
         if req.mapping is not None:
             typed, _ = store.prepare_typed(req.mapping)  # checked (or created) before Spark starts
+            identity = typed.mapping.table
         else:
-            store.ensure_sink_table(table)
+            identity = store.ensure_sink_table(req.table)
+        table = identity.text  # the table's identity: the dedup key, the report, WriteSpec (picklable)
         if req.on_range:
             req.on_range(ranges)
         record_first = policy.commit_mode is CommitMode.BEFORE_PROCESSING

@@ -96,9 +96,21 @@ def sql_identifier(name: str, what: str = "table") -> str:
     return name
 
 
+_PLAIN = re.compile(r"[a-z_][a-z0-9_]*")
+_PART = re.compile(r'"((?:[^"]|"")*)"|([A-Za-z_][A-Za-z0-9_$]*)')
+
+
+def _quote_if_needed(part: str) -> str:
+    return part if _PLAIN.fullmatch(part) else '"' + part.replace('"', '""') + '"'
+
+
 @dataclass(frozen=True)
 class TableName:
-    """A sink table, in the default schema (``schema`` None) or in a named one."""
+    """A table: ``name`` as Postgres stores it (case kept), in ``schema`` or, when None, not yet resolved.
+
+    A name from the command line is a *spelling*; the store resolves it (:mod:`kdg.store.identity`) to the
+    table's identity, always schema-qualified, so that two spellings of one table are one table to kdg.
+    """
 
     schema: str | None
     name: str
@@ -106,12 +118,17 @@ class TableName:
     @property
     def sql(self) -> str:
         """For SQL text, each part double-quoted: ``"app"."events"``."""
-        return ".".join(f'"{part}"' for part in self._parts())
+        return ".".join('"' + part.replace('"', '""') + '"' for part in self._parts())
 
     @property
     def text(self) -> str:
-        """The canonical spelling, ``app.events``: the key in ``kdg_dedup.sink_table`` and in reports."""
-        return ".".join(self._parts())
+        """The canonical spelling, ``app.events`` (a part quoted only where it must be, ``app."Events"``):
+        parsed back by :func:`table_name` to the same table; the key in ``kdg_dedup.sink_table`` and in reports."""
+        return ".".join(_quote_if_needed(part) for part in self._parts())
+
+    @property
+    def is_resolved(self) -> bool:
+        return self.schema is not None
 
     def _parts(self) -> tuple[str, ...]:
         return (self.name,) if self.schema is None else (self.schema, self.name)
@@ -121,19 +138,33 @@ class TableName:
 
 
 def table_name(text: "str | TableName") -> TableName:
-    """Parse ``name`` or ``schema.name``, each part a plain lower-case SQL identifier, else a usage error.
+    """Parse ``name`` or ``schema.name`` as Postgres does: an unquoted part is folded to lower case, a
+    double-quoted one is kept as written (``""`` for a quote). Anything else is a usage error.
 
-    >>> table_name("app.events").sql
-    '"app"."events"'
+    >>> table_name('App."Order Lines"').sql
+    '"app"."Order Lines"'
     """
     if isinstance(text, TableName):
         return text
-    parts = text.split(".")
+    parts, pos = [], 0
+    while True:
+        found = _PART.match(text, pos)
+        if found is None:
+            shown = text[pos:] or "''"
+            raise UsageError(f"table {text!r}: table name {shown} must match [a-z_][a-z0-9_]* or be "
+                             'double-quoted ("My Table"), as in SQL')
+        quoted, plain = found.groups()
+        part = quoted.replace('""', '"') if quoted is not None else plain.lower()
+        if not part or "\x00" in part or len(part.encode()) > 63:
+            raise UsageError(f"table {text!r}: a name part must be 1 to 63 bytes (Postgres would cut a longer one)")
+        parts.append(part)
+        pos = found.end()
+        if pos == len(text):
+            break
+        if text[pos] != ".":
+            raise UsageError(f"table {text!r}: {text[pos:]!r} after {text[:pos]!r}: a name must match "
+                             '[a-z_][a-z0-9_]* or be double-quoted ("My Table"), as in SQL')
+        pos += 1
     if len(parts) > 2:
         raise UsageError(f"table {text!r}: expected NAME or SCHEMA.NAME, not {len(parts)} dotted parts")
-    try:
-        schema = sql_identifier(parts[0], "schema") if len(parts) == 2 else None
-        name = sql_identifier(parts[-1], "table")
-    except UsageError as exc:
-        raise UsageError(f"table {text!r}: {exc}") from None
-    return TableName(schema, name)
+    return TableName(parts[0] if len(parts) == 2 else None, parts[-1])

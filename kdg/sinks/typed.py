@@ -22,7 +22,7 @@ class TypedPostgresSink(PostgresSink):
         except BaseException:
             self.store.close()
             raise
-        self.table = mapping.table
+        self.table = self.target.mapping.table  # its identity, schema-qualified
         self.rows = RowMaker(self.target.mapping)
         self._setup(dsn, group, topic, dlq, handler, pipeline=0)  # typed batches are written one at a time
 

@@ -14,6 +14,7 @@ import asyncpg
 
 from kdg.errors import ConnectionFailed, Fenced, PostgresRefused, RetryBatch, UsageError
 from kdg.settings import TableName, redact_dsn, table_name
+from kdg.store.identity import resolve_table
 from kdg.store.migrations import connect, require_schema
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, quoted, staging_table
 from kdg.store.tables import prepare_table
@@ -29,7 +30,7 @@ class Store:
     def __init__(self, dsn: str):
         self.dsn = dsn
         self._loop = asyncio.new_event_loop()
-        self._sink_ready: set[str] = set()
+        self._sink_ready: set[TableName] = set()
         self._stages: set[str] = set()
         try:
             self.conn: asyncpg.Connection = self._run(connect(dsn))
@@ -120,20 +121,20 @@ class Store:
 
     # -- sink tables -------------------------------------------------------------------------
     def ensure_sink_table(self, table: str | TableName) -> TableName:
-        """Create sink ``table`` shaped like ``kdg_events`` if missing; returns the checked name.
+        """Create sink ``table`` shaped like ``kdg_events`` if missing; returns its identity (schema-qualified).
 
         A named schema must exist already: kdg creates its own tables, never a user's schema.
         """
-        table = table_name(table)
-        if table.text not in self._sink_ready:
-            if table.schema is not None and not self._run(self.conn.fetchval(
-                    "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", table.schema)):
-                raise UsageError(f'schema "{table.schema}" does not exist in {redact_dsn(self.dsn)}; '
-                                 f"create it first (CREATE SCHEMA {table.schema})")
+        identity = self.resolve_table(table)
+        if identity not in self._sink_ready:
             self._run(self.conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {table.sql} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)"))
-            self._sink_ready.add(table.text)
-        return table
+                f"CREATE TABLE IF NOT EXISTS {identity.sql} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)"))
+            self._sink_ready.add(identity)
+        return identity
+
+    def resolve_table(self, table: str | TableName) -> TableName:
+        """The identity Postgres gives the table ``table`` names (:func:`kdg.store.identity.resolve_table`)."""
+        return self._run(resolve_table(self.conn, table, where=f" in {redact_dsn(self.dsn)}"))
 
     # -- offsets -----------------------------------------------------------------------------
     def acquire_partitions(self, group: str, topic: str, partitions: list[int]) -> dict[int, tuple[int, int | None]]:

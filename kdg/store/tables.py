@@ -5,10 +5,11 @@ that does not fit, a NOT NULL column nothing fills, an upsert key without a uniq
 is a usage error naming the column. ``create_table`` makes the table from the mapping instead.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kdg.errors import UsageError
 from kdg.mapping.spec import Mapping, with_key
+from kdg.store.identity import resolve_table
 
 _COLUMNS = """SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull AS not_null,
                      a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS defaulted
@@ -89,24 +90,19 @@ def create_table_sql(mapping: Mapping) -> str:
     return f"CREATE TABLE IF NOT EXISTS {mapping.table.sql} ({', '.join(cols)})"
 
 
-async def schema_exists(conn, schema: str | None) -> bool:
-    return schema is None or await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", schema)
-
-
 async def prepare_table(conn, mapping: Mapping, *, dry_run: bool = False) -> tuple[Mapping, TableShape | None]:
     """Check ``mapping`` against its table, creating the table first if the mapping says so (not on a dry run).
 
-    Returns the mapping with its key resolved, and the table's shape (None: a dry run would create it).
+    Returns the mapping with its table resolved to its identity (schema-qualified, :mod:`kdg.store.identity`)
+    and its key resolved, and the table's shape (None: a dry run would create it).
     """
-    table = mapping.table
+    table = await resolve_table(conn, mapping.table)
+    mapping = replace(mapping, table=table)
     shape = await inspect_table(conn, table)
     if shape is None:
         if not mapping.create_table:
             raise UsageError(f"table {table.text} does not exist: create it, or pass --create-table "
                              "(create_table = true) to make it from the mapping")
-        if not await schema_exists(conn, table.schema):
-            raise UsageError(f'schema "{table.schema}" does not exist; create it first (CREATE SCHEMA {table.schema})')
         if not mapping.key and (mapping.mode == "upsert" or mapping.on_tombstone == "delete"):
             why = "upsert" if mapping.mode == "upsert" else "on_tombstone = delete"
             raise UsageError(f"--create-table: {why} needs key columns, the new table's primary key: "
