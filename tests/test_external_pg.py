@@ -99,7 +99,7 @@ def test_spark_replay_into_a_schema_qualified_table_is_idempotent(kdg, migrated,
     assert audit(kdg, migrated, topic, "app.replayed")["rows"] == 3000
 
 
-@pytest.mark.parametrize("table, part", [("App.Events", "'App'"), ("a.b.c", "NAME or SCHEMA.NAME"),
+@pytest.mark.parametrize("table, part", [('app."Events', "double-quoted"), ("a.b.c", "NAME or SCHEMA.NAME"),
                                          ("app.", "table name ''")])
 @pytest.mark.parametrize("command", ["consume", "audit", "spark-replay"])
 def test_a_malformed_table_name_is_refused_in_one_line(kdg, migrated, topic, group, command, table, part):

@@ -215,7 +215,7 @@ def test_seven_bad_rows_in_a_thousand_are_dead_lettered_and_the_rest_written(kdg
         with Store(conn.pg_dsn) as store:
             assert store.fetchval("SELECT next_offset FROM kdg_offsets WHERE consumer_group = $1 AND topic = $2",
                                   group, topic) == 1000
-            assert store.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = $1", table) == 1000
+            assert store.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = $1", f"public.{table}") == 1000
     assert_seven_refused(kdg, conn, topic, table, group)  # audit pending 0: the group's position passed them all
 
 
@@ -496,7 +496,7 @@ def test_spark_replay_after_a_partial_consume_writes_each_key_once(kdg, conn, to
     assert consume(kdg, topic, group, "exactly-once", "--mapping", path, "-c", 250)["consumed"] == 250
 
     replay = as_json(kdg("spark-replay", topic, "-g", "exactly-once", "--mapping", path, "--json", timeout=600))
-    assert (replay["table"], replay["rows_read"], replay["duplicates_dropped"]) == (table, 600, 250), replay
+    assert (replay["table"], replay["rows_read"], replay["duplicates_dropped"]) == (f"public.{table}", 600, 250), replay
     assert replay["rows_written"] + replay["dead_lettered"] == 350, replay  # the refused ones may be either side's
     with Store(conn.pg_dsn) as store:
         total, keys = store.fetch(f"SELECT count(*), count(DISTINCT idempotency_key) FROM {table}")[0]
