@@ -22,9 +22,9 @@ demo: setup
 
 ## test: the suite against real servers the tests start (each once, shared) and stop themselves; on
 ## TEST_WORKERS pytest-xdist workers, since most of its time is spent waiting on servers, not computing
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: setup
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=25
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 ## test-fast: the pure-Python tier, no server started (under a minute)
 test-fast: setup
@@ -34,7 +34,7 @@ test-fast: setup
 ## local stack (kdg stack up); run it before resolving an issue that touches a guarantee path
 CHAOS_LONG ?= --messages 100000 --repeat 3 --faults consumer-kill,consumer-pause,postgres-restart,broker-kill
 test-long: setup
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup -m long --durations=10
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m long --durations=10
 	$(KDG) stack up
 	$(KDG) chaos run $(CHAOS_LONG) --report docs/chaos-long
 

@@ -8,6 +8,8 @@ started once, lazily, by the first test that needs it, whichever worker that is
 (:class:`SharedServers`), and stopped by pid at the end by the process that owns the run. Tests that
 stop a broker or Postgres under everyone (marker ``disrupts_stack``) run alone: every other test on
 the stack holds a shared lock while it runs, and such a test an exclusive one (:func:`stack_access`).
+`make test` hands out whole modules (``--dist loadfile``): a module's own server (the secure stack, the
+Spark cluster) is started and stopped by that module, on one worker, in order.
 """
 
 import contextlib
@@ -54,21 +56,22 @@ def pytest_unconfigure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark the `stack` tier; keep a module with module-scoped fixtures on one xdist worker; leave the `long`
-    tier out unless ``-m`` asks for it (deselected, never skipped)."""
+    """Mark the `stack` tier; leave the `long` tier out unless ``-m`` asks for it (deselected, never skipped)."""
     long_wanted = "long" in (config.option.markexpr or "")
     kept, dropped = [], []
     for item in items:
-        names = set(getattr(item, "fixturenames", ()))
-        if names & SERVER_FIXTURES or item.get_closest_marker("disrupts_stack"):
+        if set(getattr(item, "fixturenames", ())) & SERVER_FIXTURES or item.get_closest_marker("disrupts_stack"):
             item.add_marker(pytest.mark.stack)
-        defs = getattr(item, "_fixtureinfo", None)
-        if defs is not None and any(d.scope == "module" for ds in defs.name2fixturedefs.values() for d in ds):
-            item.add_marker(pytest.mark.xdist_group(item.module.__name__))
         (kept if long_wanted or not item.get_closest_marker("long") else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    # workers take modules in this order: those that take minutes first, so none starts one at the very end
+    items[:] = sorted(kept, key=lambda item: _LONG_MODULES.index(item.module.__name__)
+                      if item.module.__name__ in _LONG_MODULES else len(_LONG_MODULES))
+
+
+_LONG_MODULES = ["test_chaos", "test_typed_sink", "test_spark_replay", "test_secure", "test_crash", "test_demo_output",
+                 "test_spark_cluster", "test_profile", "test_bad_input"]
 
 
 @pytest.hookimpl(hookwrapper=True)
