@@ -1,6 +1,6 @@
 """The secure stack (`kdg stack up --secure`): everything over SASL_SSL with SCRAM users and ACLs.
 
-This module starts its OWN stack through kdg's code (ports 34092.. and 34032 unless
+This module starts its OWN stack through kdg's code (ports 23092.. and 23032 unless
 ``KDG_TEST_SECURE_BROKER_PORT`` / ``KDG_TEST_SECURE_PG_PORT`` say otherwise) and purges it at the
 end. Commands run the real `kdg` CLI with only ``KDG_STATE_DIR`` pointing at the stack: no
 ``-b``, no ``-F``, so they also prove that the stack's client.properties is the default profile.
@@ -26,8 +26,9 @@ from kdg.profile import read_profile
 from kdg.stack import cluster, secure
 from kdg.stack.layout import StackLayout
 
-BROKER_PORT = int(os.environ.get("KDG_TEST_SECURE_BROKER_PORT", "34092"))
-PG_PORT = int(os.environ.get("KDG_TEST_SECURE_PG_PORT", "34032"))
+# below Linux's ephemeral range (32768-60999): a client socket of another worker's test cannot hold them
+BROKER_PORT = int(os.environ.get("KDG_TEST_SECURE_BROKER_PORT", "23092"))
+PG_PORT = int(os.environ.get("KDG_TEST_SECURE_PG_PORT", "23032"))
 FAST_FAIL_S = 30
 
 
