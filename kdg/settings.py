@@ -96,12 +96,16 @@ def sql_identifier(name: str, what: str = "table") -> str:
     return name
 
 
-_PLAIN = re.compile(r"[a-z_][a-z0-9_]*")
+_PLAIN = re.compile(r"[a-z_][a-z0-9_]*")  # migration 003 quotes by the same rule
 _PART = re.compile(r'"((?:[^"]|"")*)"|([A-Za-z_][A-Za-z0-9_$]*)')
 
 
+def _quoted(part: str) -> str:
+    return '"' + part.replace('"', '""') + '"'
+
+
 def _quote_if_needed(part: str) -> str:
-    return part if _PLAIN.fullmatch(part) else '"' + part.replace('"', '""') + '"'
+    return part if _PLAIN.fullmatch(part) else _quoted(part)
 
 
 @dataclass(frozen=True)
@@ -118,17 +122,13 @@ class TableName:
     @property
     def sql(self) -> str:
         """For SQL text, each part double-quoted: ``"app"."events"``."""
-        return ".".join('"' + part.replace('"', '""') + '"' for part in self._parts())
+        return ".".join(_quoted(part) for part in self._parts())
 
     @property
     def text(self) -> str:
         """The canonical spelling, ``app.events`` (a part quoted only where it must be, ``app."Events"``):
         parsed back by :func:`table_name` to the same table; the key in ``kdg_dedup.sink_table`` and in reports."""
         return ".".join(_quote_if_needed(part) for part in self._parts())
-
-    @property
-    def is_resolved(self) -> bool:
-        return self.schema is not None
 
     def _parts(self) -> tuple[str, ...]:
         return (self.name,) if self.schema is None else (self.schema, self.name)
