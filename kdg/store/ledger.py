@@ -1,16 +1,42 @@
-"""The producer ledger's writer: COPYs batches of rows on a thread of its own, so sending goes on
-while Postgres writes.
+"""The producer ledger: the store's ledger statements, and a writer that COPYs batches of rows on a
+thread of its own, so sending goes on while Postgres writes.
 
-Rows reach ``kdg_ledger`` in the order they were given, through the one connection of the
-:class:`~kdg.store.pg.Store` handed over; nothing decides here what a row says (that is
-``kdg.produce``'s business). At most ``depth`` batches wait for the thread, so a slow Postgres
-slows the producer down instead of filling memory.
+:class:`LedgerMixin` (mixed into :class:`kdg.store.pg.Store`) records producer runs and COPYs
+ledger rows. Rows reach ``kdg_ledger`` in the order they were given, through the one connection
+of the :class:`~kdg.store.pg.Store` handed over to :class:`LedgerWriter`; nothing decides here
+what a row says (that is ``kdg.produce``'s business). At most ``depth`` batches wait for the
+thread, so a slow Postgres slows the producer down instead of filling memory.
 """
 
+import json
 import queue
 import threading
+from typing import TYPE_CHECKING
 
-from kdg.store.pg import Store
+if TYPE_CHECKING:  # pg.py mixes LedgerMixin into Store: importing it here at run time would be a cycle
+    from kdg.store.pg import Store
+
+LEDGER_COLUMNS = ("run_id", "idempotency_key", "topic", "seq", "status", "partition", "offset", "error")
+
+
+class LedgerMixin:
+    """The producer ledger: owns a run's row in ``kdg_producer_runs`` and its rows in ``kdg_ledger``.
+
+    A run is started and finished with a summary; its ledger rows go in by COPY (through the
+    store's ``copy_rows``), usually from a :class:`LedgerWriter`'s thread.
+    """
+
+    def start_run(self, run_id, topic: str, guarantee: str) -> None:
+        self._run(self.conn.execute(
+            "INSERT INTO kdg_producer_runs (run_id, topic, guarantee) VALUES ($1, $2, $3)", run_id, topic, guarantee))
+
+    def finish_run(self, run_id, summary: dict) -> None:
+        self._run(self.conn.execute(
+            "UPDATE kdg_producer_runs SET finished_at = now(), summary = $2 WHERE run_id = $1",
+            run_id, json.dumps(summary)))
+
+    def copy_ledger(self, rows: list[tuple]) -> None:
+        self.copy_rows("kdg_ledger", rows, LEDGER_COLUMNS)
 
 
 class LedgerWriter:
@@ -20,7 +46,7 @@ class LedgerWriter:
     more is written, and the error is raised once, by the next :meth:`write` or else by :meth:`close`.
     """
 
-    def __init__(self, store: Store, depth: int = 2):
+    def __init__(self, store: "Store", depth: int = 2):
         self._store = store
         self._batches: queue.Queue[list[tuple] | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None

@@ -24,32 +24,10 @@ import asyncpg
 
 from kdg.mapping.rows import STAGE_PREFIX
 from kdg.mapping.spec import Mapping
+from kdg.store.claims import CLAIM, copy_claims
 
 ROW_ERROR_CLASSES = ("22", "23")  # data exceptions and integrity violations: the row, not the server
 _LAST = 2**31 - 1
-
-# Claim each staged key in kdg_dedup; the generic sink's fallback path uses the same statement.
-CLAIM = """INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
-           SELECT $1, idempotency_key, topic, "partition", "offset" FROM {stage}
-           ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset\""""
-
-
-DEDUP_COLUMNS = ("sink_table", "idempotency_key", "topic", "partition", "offset")  # a claim: whose key, from where
-
-
-async def copy_claims(conn: asyncpg.Connection, claims: list[tuple]) -> bool:
-    """Claim keys by COPY straight into ``kdg_dedup``, under a savepoint; False (nothing claimed) if any
-    key was claimed before or comes twice — then the caller claims through :data:`CLAIM`, row by row in SQL.
-
-    The common case (every key new) costs one COPY instead of an INSERT … SELECT that returns each claim.
-    """
-    try:
-        async with conn.transaction():
-            await conn.copy_records_to_table("kdg_dedup", records=claims, columns=DEDUP_COLUMNS)
-        return True
-    except asyncpg.exceptions.UniqueViolationError:
-        return False
-
 
 @dataclass(frozen=True)
 class TypedTarget:

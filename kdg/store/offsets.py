@@ -1,0 +1,72 @@
+"""Fenced consumer offsets in ``kdg_offsets``: taking partitions over, reading and moving what is stored.
+
+Mixed into :class:`kdg.store.pg.Store`; the ``_``-prefixed coroutines run inside a transaction a
+sink or a replay opened, so the offsets move with the rows they account for.
+"""
+
+from kdg.errors import Fenced, RetryBatch
+
+
+class OffsetsMixin:
+    """The consumer offsets: owns each partition's fence and stored next offset in ``kdg_offsets``.
+
+    Taking partitions over bumps their fences; a batch's offsets move only while this consumer
+    still holds the fence (and, pipelined, only on top of what the batch before it stored); a
+    replay's offsets only ever move forward. Touches ``kdg_offsets`` alone.
+    """
+
+    def acquire_partitions(self, group: str, topic: str, partitions: list[int]) -> dict[int, tuple[int, int | None]]:
+        """Take ownership of ``partitions``: bump each fence; return ``{p: (fence, next_offset)}``."""
+        rows = self._run(self.conn.fetch(
+            """INSERT INTO kdg_offsets (consumer_group, topic, "partition", fence)
+               SELECT $1, $2, p, 1 FROM unnest($3::int[]) AS p
+               ON CONFLICT (consumer_group, topic, "partition")
+               DO UPDATE SET fence = kdg_offsets.fence + 1, updated_at = now()
+               RETURNING "partition", fence, next_offset""", group, topic, partitions))
+        return {r["partition"]: (r["fence"], r["next_offset"]) for r in rows}
+
+    def stored_offsets(self, group: str, topic: str) -> dict[int, int]:
+        rows = self._run(self.conn.fetch(
+            """SELECT "partition", next_offset FROM kdg_offsets
+               WHERE consumer_group = $1 AND topic = $2 AND next_offset IS NOT NULL""", group, topic))
+        return {r["partition"]: r["next_offset"] for r in rows}
+
+    async def _move_offsets(self, group, topic, next_offsets, fences, expected=None) -> None:
+        if not next_offsets:
+            return
+        parts = sorted(next_offsets)
+        if expected is not None:
+            await self._check_chain(group, topic, parts, fences, expected)
+        status = await self.conn.execute(
+            """UPDATE kdg_offsets o SET next_offset = v.next, updated_at = now()
+               FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS v(p, next, fence)
+               WHERE o.consumer_group = $1 AND o.topic = $2 AND o."partition" = v.p AND o.fence = v.fence""",
+            group, topic, parts, [next_offsets[p] for p in parts], [fences[p] for p in parts])
+        if int(status.split()[-1]) != len(parts):
+            raise Fenced(f"partitions {parts} of {topic} were reassigned; this consumer's batch was rolled back")
+
+    async def _check_chain(self, group, topic, parts, fences, expected) -> None:
+        """Each partition must still hold what the batch before this one stored there (pipelined writes).
+
+        ``FOR UPDATE`` waits for that batch's transaction on another connection and then reads what
+        it left; a plain UPDATE's WHERE would have compared against the row as it was before.
+        """
+        held = {r["partition"]: r for r in await self.conn.fetch(
+            """SELECT "partition", fence, next_offset FROM kdg_offsets
+               WHERE consumer_group = $1 AND topic = $2 AND "partition" = ANY($3::int[])
+               ORDER BY "partition" FOR UPDATE""", group, topic, parts)}
+        if any(p not in held or held[p]["fence"] != fences[p] for p in parts):
+            raise Fenced(f"partitions {parts} of {topic} were reassigned; this consumer's batch was rolled back")
+        if any(held[p]["next_offset"] != expected.get(p, held[p]["next_offset"]) for p in parts):
+            raise RetryBatch(f"the batch written before this one on partitions {parts} of {topic} did not "
+                             "commit; this one was rolled back to be read again")
+
+    async def _advance_offsets(self, group: str, topic: str, ranges: dict[int, tuple[int, int]]) -> None:
+        """Stored offsets only move forward; a consumer's fence is left alone."""
+        parts = sorted(ranges)
+        await self.conn.execute(
+            """INSERT INTO kdg_offsets (consumer_group, topic, "partition", next_offset)
+               SELECT $1, $2, p, o FROM unnest($3::int[], $4::bigint[]) AS v(p, o)
+               ON CONFLICT (consumer_group, topic, "partition") DO UPDATE
+               SET next_offset = GREATEST(kdg_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()""",
+            group, topic, parts, [ranges[p][1] for p in parts])

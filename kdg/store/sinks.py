@@ -1,0 +1,105 @@
+"""Sink tables and their writes, but for the generic sink's exactly-once path (:mod:`kdg.store.claims`):
+the generic table's at-most/at-least-once inserts, and the typed sink (a user's table, through a
+mapping), whose exactly-once claim is made inside :func:`kdg.store.typed.write_batch`.
+
+Mixed into :class:`kdg.store.pg.Store`. The typed table's statements are built in
+:mod:`kdg.store.typed`, its checks and DDL in :mod:`kdg.store.tables`.
+"""
+
+from kdg.settings import TableName, redact_dsn, table_name
+from kdg.store.claims import maybe_await
+from kdg.store.identity import resolve_table
+from kdg.store.rows import SINK_COLUMNS
+from kdg.store.tables import prepare_table
+from kdg.store.typed import TypedResult, TypedTarget, write_batch
+
+
+class SinksMixin:
+    """The sink tables: owns creating and resolving them, and writing plain and typed batches.
+
+    Touches the generic sink tables (created ``LIKE kdg_events``) through the temp ``kdg_stage``
+    table, a typed mapping's table through its temp ``kdg_tstage_*`` table (and ``kdg_dedup``
+    when the typed write claims), and ``kdg_offsets`` when a typed batch moves its offsets.
+    """
+
+    # -- sink tables -------------------------------------------------------------------------
+    def ensure_sink_table(self, table: str | TableName) -> TableName:
+        """Create sink ``table`` shaped like ``kdg_events`` if missing; returns its identity (schema-qualified).
+
+        A named schema must exist already: kdg creates its own tables, never a user's schema.
+        """
+        identity = self.resolve_table(table)
+        if identity not in self._sink_ready:
+            self._run(self.conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {identity.sql} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)"))
+            self._sink_ready.add(identity)
+        return identity
+
+    def resolve_table(self, table: str | TableName) -> TableName:
+        """The identity Postgres gives the table ``table`` names (:func:`kdg.store.identity.resolve_table`)."""
+        return self._run(resolve_table(self.conn, table, where=f" in {redact_dsn(self.dsn)}"))
+
+    # -- plain batches -----------------------------------------------------------------------
+    def write_plain(self, table: str | TableName, group: str, rows: list[tuple], handler=None,
+                    before_commit=None) -> int:
+        """At-most/at-least-once: insert every row (duplicates stay visible) in one transaction."""
+        return self._run(self._write_plain(table, group, rows, handler, before_commit))
+
+    async def _write_plain(self, table, group, rows, handler, before_commit):
+        table = table_name(table)
+        async with self.conn.transaction():
+            if rows:
+                await self.conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
+                await self.conn.execute(f"""
+                    INSERT INTO {table.sql} (idempotency_key, consumer_group, topic, "partition", "offset",
+                                         key, value, headers)
+                    SELECT idempotency_key, $1, topic, "partition", "offset", key, value, headers
+                    FROM kdg_stage""", group)
+            if handler is not None:
+                await maybe_await(handler(rows, self.conn))
+            if before_commit is not None:
+                before_commit()
+        return len(rows)
+
+    # -- typed sinks: a user's table, through a mapping --------------------------------------
+    def prepare_typed(self, mapping, *, dry_run: bool = False):
+        """Check ``mapping`` against its table (creating it if the mapping says so, unless ``dry_run``).
+
+        Returns ``(TypedTarget, TableShape | None)``; a mismatch is a usage error naming the column.
+        """
+        async def prepare():
+            checked, shape = await prepare_table(self.conn, mapping, dry_run=dry_run)
+            return TypedTarget(checked), shape
+
+        return self._run(prepare())
+
+    def write_typed(self, target: TypedTarget, rows: list[tuple], *, claim: bool, group: str | None = None,
+                    topic: str | None = None, next_offsets: dict[int, int] | None = None,
+                    fences: dict[int, int] | None = None, on_rejected=None, handler=None,
+                    before_commit=None) -> TypedResult:
+        """One transaction: stage and write ``rows`` (claiming keys when ``claim``), then move fenced offsets.
+
+        ``on_rejected(rejected)`` runs before the commit, so rows Postgres refused are dead-lettered
+        durably before the offsets that account for them move.
+        """
+        return self._run(self._write_typed(target, rows, claim, group, topic, next_offsets, fences, on_rejected,
+                                           handler, before_commit))
+
+    async def _write_typed(self, target, rows, claim, group, topic, next_offsets, fences, on_rejected, handler,
+                           before_commit) -> TypedResult:
+        if target.stage not in self._stages:  # ISO times without an offset are UTC, in consume and Spark alike
+            await self.conn.execute("SET TIME ZONE 'UTC'")
+            await self.conn.execute(target.stage_ddl())
+            self._stages.add(target.stage)
+        async with self.conn.transaction():
+            result = await write_batch(self.conn, target, rows,
+                                       claim_table=target.mapping.table.text if claim else None)
+            if result.rejected and on_rejected is not None:
+                on_rejected(result.rejected)
+            if handler is not None:
+                await maybe_await(handler(rows, self.conn))
+            if next_offsets:
+                await self._move_offsets(group, topic, next_offsets, fences)
+            if before_commit is not None:
+                before_commit()
+        return result
