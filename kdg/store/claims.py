@@ -7,31 +7,87 @@ into :class:`kdg.store.pg.Store`.
 """
 
 import asyncio
+from dataclasses import dataclass
 
 import asyncpg
 
 from kdg.settings import TableName, table_name
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS
+from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizon, key_ms, now_ms
 
-# Claim each staged key in kdg_dedup; the generic sink's fallback path (below) and the typed sink's
-# TypedTarget.claim_sql use the same statement.
-CLAIM = """INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
-           SELECT $1, idempotency_key, topic, "partition", "offset" FROM {stage}
+# Claim each staged key in its table's claim table (``kdg_dedup_<n>``, a partition of kdg_dedup); the
+# generic sink's fallback path (below) and the typed sink's TypedTarget.claim_sql use the same statement.
+# $1 the sink table's identity, $2 the time a key without one is claimed at, $3 the window's horizon.
+# A key whose time is below the horizon is not claimed (:data:`OUTSIDE`); a key without a time is
+# claimed only if no partition holds it yet — under the lock :func:`prepare_claims` took.
+CLAIM = """INSERT INTO {claims} (sink_table, idempotency_key, key_ms, topic, "partition", "offset")
+           SELECT $1, s.idempotency_key, coalesce(kdg_key_ms(s.idempotency_key), $2), s.topic, s."partition",
+                  s."offset"
+           FROM {stage} s
+           WHERE ($3::bigint IS NULL OR coalesce(kdg_key_ms(s.idempotency_key), $2) >= $3)
+             AND (kdg_key_ms(s.idempotency_key) IS NOT NULL OR NOT EXISTS (
+                  SELECT 1 FROM {claims} d WHERE d.sink_table = $1 AND d.idempotency_key = s.idempotency_key))
            ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset\""""
+# a staged row whose key is older than the window: written without a claim
+OUTSIDE = "coalesce(kdg_key_ms(s.idempotency_key) < $3, false)"
+
+DEDUP_COLUMNS = ("sink_table", "idempotency_key", "key_ms", "topic", "partition", "offset")  # a claim
+_TIMELESS_LOCK = 0x6B646774  # "kdgt": claims of keys without a time, one transaction at a time per table
 
 
-DEDUP_COLUMNS = ("sink_table", "idempotency_key", "topic", "partition", "offset")  # a claim: whose key, from where
+@dataclass
+class Claims:
+    """A batch's keys sorted out against its table's window, inside the claiming transaction."""
+
+    window: Window
+    now: int                       # the time keys without one are claimed at
+    times: list[int | None]        # each row's key_ms (None: the key carries no time)
+    outside: int = 0               # rows whose key is below the horizon: written without a claim
+
+    @property
+    def fast(self) -> bool:
+        """Every key carries a time inside the window: claims can go in by COPY."""
+        return not self.outside and None not in self.times
+
+    def rows(self, keyed: list[tuple]) -> list[tuple]:
+        """Claim rows from ``(key, topic, partition, offset)`` tuples, in :data:`DEDUP_COLUMNS` order."""
+        table = self.window.sink_table
+        return [(table, k, t, topic, p, o) for (k, topic, p, o), t in zip(keyed, self.times)]
+
+    @property
+    def args(self) -> tuple:
+        """:data:`CLAIM`'s parameters."""
+        return self.window.sink_table, self.now, self.window.horizon_ms
 
 
-async def copy_claims(conn: asyncpg.Connection, claims: list[tuple]) -> bool:
-    """Claim keys by COPY straight into ``kdg_dedup``, under a savepoint; False (nothing claimed) if any
-    key was claimed before or comes twice — then the caller claims through :data:`CLAIM`, row by row in SQL.
+async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[str]) -> Claims:
+    """Inside the batch's transaction: hold the horizon, make the partitions the keys need, and take the
+    table's lock for keys without a time (their look-up across partitions must not race another's)."""
+    await hold_horizon(conn, window)
+    claims = Claims(window, now_ms(), [key_ms(k) for k in keys])
+    horizon = window.horizon_ms
+    if horizon is not None:
+        claims.outside = sum(1 for t in claims.times if t is not None and t < horizon)
+    timeless = None in claims.times
+    await ensure_parts(conn, window, [t for t in claims.times if t is not None] + ([claims.now] if timeless else []))
+    if timeless:
+        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _TIMELESS_LOCK, window.relation)
+    return claims
+
+
+async def copy_claims(conn: asyncpg.Connection, claims: Claims, keyed: list[tuple]) -> bool:
+    """Claim keys by COPY straight into the table's claim table, under a savepoint; False (nothing
+    claimed) if any key was claimed before or comes twice, or the batch is not :attr:`Claims.fast` —
+    then the caller claims through :data:`CLAIM`, in SQL.
 
     The common case (every key new) costs one COPY instead of an INSERT … SELECT that returns each claim.
     """
+    if not claims.fast:
+        return False
     try:
         async with conn.transaction():
-            await conn.copy_records_to_table("kdg_dedup", records=claims, columns=DEDUP_COLUMNS)
+            await conn.copy_records_to_table(claims.window.relation, records=claims.rows(keyed),
+                                             columns=DEDUP_COLUMNS)
         return True
     except asyncpg.exceptions.UniqueViolationError:
         return False
@@ -103,7 +159,10 @@ class ClaimsMixin:
                 claimed()
             return 0
         table = table_name(table)
-        if await copy_claims(self.conn, [(table.text, *r[:4]) for r in rows]):
+        window = await self._claim_window(table)
+        claims = await prepare_claims(self.conn, window, [r[0] for r in rows])
+        self.unclaimed += claims.outside
+        if await copy_claims(self.conn, claims, [r[:4] for r in rows]):
             if claimed is not None:
                 claimed()
             await self.conn.copy_records_to_table(
@@ -112,13 +171,23 @@ class ClaimsMixin:
             return len(rows)
         await self.conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
         # ON CONFLICT DO NOTHING also skips a key repeated within the batch: the first
-        # staged copy wins, and only the claimed (key, partition, offset) rows are inserted.
+        # staged copy wins, and only the claimed (key, partition, offset) rows are inserted,
+        # with the rows too old to be claimed.
         status = await self.conn.execute(f"""
-            WITH claimed AS ({CLAIM.format(stage="kdg_stage")})
+            WITH claimed AS ({CLAIM.format(claims=window.relation, stage="kdg_stage")})
             INSERT INTO {table.sql} (idempotency_key, consumer_group, topic, "partition", "offset",
                                  key, value, headers)
-            SELECT s.idempotency_key, $2, s.topic, s."partition", s."offset", s.key, s.value, s.headers
-            FROM kdg_stage s JOIN claimed c USING (idempotency_key, "partition", "offset")""", table.text, group)
+            SELECT s.idempotency_key, $4, s.topic, s."partition", s."offset", s.key, s.value, s.headers
+            FROM kdg_stage s LEFT JOIN claimed c ON c.idempotency_key = s.idempotency_key
+                 AND c."partition" = s."partition" AND c."offset" = s."offset"
+            WHERE c.idempotency_key IS NOT NULL OR {OUTSIDE}""", *claims.args, group)
         if claimed is not None:
             claimed()
         return int(status.split()[-1])
+
+    async def _claim_window(self, table: TableName) -> Window:
+        """The table's claim window, read once per store and kept up to date by the claims themselves."""
+        window = self._windows.get(table.text)
+        if window is None:
+            window = self._windows[table.text] = await claim_window(self.conn, table)
+        return window

@@ -11,6 +11,7 @@ thread, so a slow Postgres slows the producer down instead of filling memory.
 import json
 import queue
 import threading
+import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pg.py mixes LedgerMixin into Store: importing it here at run time would be a cycle
@@ -36,7 +37,31 @@ class LedgerMixin:
             run_id, json.dumps(summary)))
 
     def copy_ledger(self, rows: list[tuple]) -> None:
+        if rows and time.monotonic() >= self._ledger_due:
+            self.ledger_upkeep()
         self.copy_rows("kdg_ledger", rows, LEDGER_COLUMNS)
+
+    def ledger_upkeep(self) -> None:
+        """Partitions for the rows about to be written (now and the next width, on the server's clock, which
+        stamps ``recorded_at``), and expired ones dropped; again after half a width (50 ms to 5 min)."""
+        at = self._run(self.conn.fetchval("SELECT (extract(epoch FROM clock_timestamp()) * 1000)::bigint"))
+        done = self.maintain(relations=["kdg_ledger"], at_ms=at)
+        width = done[0].width_ms if done else 60_000
+        self._ledger_due = time.monotonic() + min(300.0, max(0.05, width / 2000))
+
+    def set_ledger_retention(self, asked: str) -> None:
+        """``kdg produce --ledger-retention``: store it, unless another writer chose another one."""
+        from kdg.errors import UsageError
+        from kdg.retention import parse_retention, show
+
+        wanted = parse_retention(asked, "--ledger-retention")
+        window = self.ledger_window()
+        if window.retention_from is not None and window.retention_ms != wanted:
+            raise UsageError(f"the producer ledger keeps rows for {show(window.retention_ms)} (chosen by "
+                             f"{window.retention_from}); to change it for every producer: "
+                             f"kdg db maintain --ledger-retention {asked}")
+        if window.retention_from is None:
+            self.set_retention(window, wanted, "kdg produce --ledger-retention")
 
 
 class LedgerWriter:

@@ -8,7 +8,7 @@ This module is the connection (its life, and raw SQL); each concern's statements
 module of their own and are mixed into :class:`Store`: fenced offsets in :mod:`kdg.store.offsets`,
 exactly-once claims in :mod:`kdg.store.claims`, sink tables and plain/typed writes in
 :mod:`kdg.store.sinks`, replay runs in :mod:`kdg.store.replays`, the producer ledger in
-:mod:`kdg.store.ledger`.
+:mod:`kdg.store.ledger`, retention windows and their partitions in :mod:`kdg.store.windows`.
 """
 
 import asyncio
@@ -26,11 +26,12 @@ from kdg.store.offsets import OffsetsMixin
 from kdg.store.replays import ReplaysMixin
 from kdg.store.rows import staging_table
 from kdg.store.sinks import SinksMixin
+from kdg.store.windows import Window, WindowsMixin
 
 _STAGE = staging_table()
 
 
-class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin):
+class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, WindowsMixin):
     """A blocking facade over one asyncpg connection.
 
     This class holds the connection's life (connect, reconnect, close) and raw SQL; what the store
@@ -44,6 +45,9 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin):
         self._loop = asyncio.new_event_loop()
         self._sink_ready: set[TableName] = set()
         self._stages: set[str] = set()
+        self._windows: dict[str, Window] = {}  # claim windows by sink table identity (kdg.store.windows)
+        self._ledger_due = 0.0  # when the ledger's partitions are next looked after (kdg.store.ledger)
+        self.unclaimed = 0  # exactly-once rows written without a claim: their keys were older than the window
         try:
             self.conn: asyncpg.Connection = self._run(connect(dsn))
         except BaseException:
@@ -57,6 +61,14 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin):
             raise
 
     def _run(self, coro):
+        try:
+            return self._converted(coro)
+        except BaseException:
+            self._windows.clear()  # a rolled-back transaction takes back the partitions it made: read them again
+            raise
+
+    def _converted(self, coro):
+        """Run ``coro``, with asyncpg's errors as kdg's."""
         try:
             return self._loop.run_until_complete(coro)
         except (OSError, asyncpg.exceptions.ConnectionDoesNotExistError,

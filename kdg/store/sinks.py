@@ -92,8 +92,9 @@ class SinksMixin:
             await self.conn.execute(target.stage_ddl())
             self._stages.add(target.stage)
         async with self.conn.transaction():
-            result = await write_batch(self.conn, target, rows,
-                                       claim_table=target.mapping.table.text if claim else None)
+            window = await self._claim_window(target.mapping.table) if claim and rows else None
+            result = await write_batch(self.conn, target, rows, window=window)
+            self.unclaimed += result.outside
             if result.rejected and on_rejected is not None:
                 on_rejected(result.rejected)
             if handler is not None:

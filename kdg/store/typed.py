@@ -24,7 +24,8 @@ import asyncpg
 
 from kdg.mapping.rows import STAGE_PREFIX
 from kdg.mapping.spec import Mapping
-from kdg.store.claims import CLAIM, copy_claims
+from kdg.store.claims import CLAIM, OUTSIDE, copy_claims, prepare_claims
+from kdg.store.windows import Window
 
 ROW_ERROR_CLASSES = ("22", "23")  # data exceptions and integrity violations: the row, not the server
 _LAST = 2**31 - 1
@@ -49,12 +50,13 @@ class TypedTarget:
         cols += [f"c{i} {c.type.staged}" for i, c in enumerate(self.mapping.columns)]
         return f"CREATE TEMP TABLE IF NOT EXISTS {self.stage} ({', '.join(cols)}) ON COMMIT DELETE ROWS"
 
-    def claim_sql(self) -> str:
-        """Claim the staged keys; delete the staged rows whose key was claimed already (a duplicate)."""
-        return f"""WITH claimed AS ({CLAIM.format(stage=self.stage)})
+    def claim_sql(self, claims: str) -> str:
+        """Claim the staged keys into ``claims`` (the table's claim table); delete the staged rows whose key
+        was claimed already (a duplicate). Rows too old to be claimed stay (:data:`~kdg.store.claims.OUTSIDE`)."""
+        return f"""WITH claimed AS ({CLAIM.format(claims=claims, stage=self.stage)})
                    DELETE FROM {self.stage} s WHERE NOT EXISTS (
                        SELECT 1 FROM claimed c WHERE c.idempotency_key = s.idempotency_key
-                       AND c."partition" = s."partition" AND c."offset" = s."offset")"""
+                       AND c."partition" = s."partition" AND c."offset" = s."offset") AND NOT {OUTSIDE}"""
 
     def write_sql(self) -> list[str]:
         """The statements writing the staged rows with ``$1 <= seq <= $2`` (the last one's count is rows written)."""
@@ -110,12 +112,14 @@ class TypedTarget:
 class TypedResult:
     written: int = 0               # rows inserted or updated
     duplicates: int = 0            # exactly-once: rows whose key was claimed before
+    outside: int = 0               # exactly-once: rows written without a claim, their key older than the window
     rejected: list = field(default_factory=list)  # (seq, sqlstate, message) of rows Postgres refused
 
 
 async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: list[tuple], *,
-                      claim_table: str | None) -> TypedResult:
-    """Stage, claim (when ``claim_table`` names the sink in kdg_dedup) and write ``rows``, in the open transaction."""
+                      window: Window | None) -> TypedResult:
+    """Stage, claim (exactly-once: ``window`` is the table's claim window) and write ``rows``, in the open
+    transaction."""
     result = TypedResult()
     if not rows:
         return result
@@ -123,10 +127,13 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: list[
     # every constraint at its statement, so a refused row is found below like any other
     await conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
     await conn.copy_records_to_table(target.stage, records=rows, columns=target.copy_columns)
-    if claim_table is not None and not await copy_claims(conn, [(claim_table, *r[1:5]) for r in rows]):
-        result.duplicates = int((await conn.execute(target.claim_sql(), claim_table)).split()[-1])
-        if result.duplicates == len(rows):
-            return result
+    if window is not None:
+        claims = await prepare_claims(conn, window, [r[1] for r in rows])
+        result.outside = claims.outside
+        if not await copy_claims(conn, claims, [r[1:5] for r in rows]):
+            result.duplicates = int((await conn.execute(target.claim_sql(window.relation), *claims.args)).split()[-1])
+            if result.duplicates == len(rows):
+                return result
     statements = target.write_sql()
     seqs: list[int] | None = None
 

@@ -1,0 +1,207 @@
+"""Bounded state: how long dedup claims and ledger rows are kept, and the partitions that hold them.
+
+Every sink table that exactly-once writes has a claim table of its own (``kdg_dedup_<n>``, a
+partition of ``kdg_dedup``), and the producer ledger is ``kdg_ledger``; each is range-partitioned
+by time (migration 004). ``kdg_windows`` holds, per table, its **retention** (how long state is
+kept; NULL: for ever), the **width** of the partitions made from now on and its **horizon**: state of
+times below it was dropped. :meth:`WindowsMixin.maintain` drops, whole, every partition that ended
+more than the retention ago and raises the horizon to its end; nothing is deleted row by row.
+
+The time of a claim is ``key_ms``: the milliseconds a UUIDv7 key carries (kdg's own ids), else
+the time the key was first claimed. A duplicate is recognised while its first claim is kept, so a
+key below the horizon is written without a claim (it can be proven neither new nor old): the
+window must cover every record kdg may be asked to read again (:mod:`kdg.retention`).
+
+A batch's claims and maintenance never cross: a claiming transaction reads the horizon ``FOR
+SHARE`` first, and maintenance raises it ``FOR UPDATE`` in the transaction that drops partitions.
+"""
+
+import re
+import time
+from dataclasses import asdict, dataclass, field
+
+from kdg.settings import TableName
+
+DAY_MS = 86_400_000
+MIN_WIDTH_MS = 100
+_V7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
+_LOCK = 0x6B646777  # "kdgw": one maintainer at a time per database
+
+
+def key_ms(key: str) -> int | None:
+    """The Unix milliseconds a UUIDv7 key carries (lower-case, as kdg writes it); None for any other key.
+
+    The same function as SQL's ``kdg_key_ms`` (migration 004). Example:
+    ``key_ms('019a6f0e-4a1b-7c3d-9e4f-5a6b7c8d9e0f') == 1762799798811``.
+    """
+    if len(key) == 36 and key[14] == "7" and _V7.fullmatch(key):
+        return int(key[:8] + key[9:13], 16)
+    return None
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def width_for(retention_ms: int | None) -> int:
+    """Partitions an eighth of the retention wide (a day at most), so state is kept at most 1⅛ retentions."""
+    return DAY_MS if retention_ms is None else max(MIN_WIDTH_MS, min(DAY_MS, retention_ms // 8))
+
+
+@dataclass
+class Window:
+    """One partitioned state table's window, as ``kdg_windows`` holds it."""
+
+    relation: str
+    sink_table: str | None
+    retention_ms: int | None
+    retention_from: str | None
+    width_ms: int
+    horizon_ms: int | None
+    parts: list[tuple[int, int]] = field(default_factory=list)   # [lo, hi) of each partition, as last read
+
+    def covers(self, t: int) -> bool:
+        return any(lo <= t < hi for lo, hi in self.parts)
+
+    def to_dict(self) -> dict:
+        return asdict(self) | {"parts": len(self.parts)}
+
+
+@dataclass
+class Maintained:
+    """What one maintenance pass did to one window."""
+
+    relation: str
+    sink_table: str | None
+    retention_ms: int | None
+    width_ms: int = 0
+    dropped: int = 0
+    kept: int = 0
+    horizon_ms: int | None = None
+    bytes: int = 0
+    skipped: str | None = None     # why nothing was done (another maintainer, a lock not granted in time)
+
+
+_WINDOW = """SELECT w.relation, w.sink_table, w.retention_ms, w.retention_from, w.width_ms, w.horizon_ms,
+                    coalesce(array_agg(ARRAY[p.lo_ms, p.hi_ms] ORDER BY p.lo_ms) FILTER (WHERE p.part IS NOT NULL),
+                             '{}') AS parts
+             FROM kdg_windows w LEFT JOIN kdg_window_parts p USING (relation)
+             WHERE w.relation = $1 GROUP BY w.relation"""
+
+
+def _window(row) -> Window:
+    return Window(row["relation"], row["sink_table"], row["retention_ms"], row["retention_from"], row["width_ms"],
+                  row["horizon_ms"], [(lo, hi) for lo, hi in row["parts"]])
+
+
+async def _windows(conn) -> list[Window]:
+    return [_window(r) for r in await conn.fetch(_WINDOW.replace("WHERE w.relation = $1", "") + " ORDER BY 1")]
+
+
+async def claim_window(conn, table: TableName) -> Window:
+    """The claim window of sink table ``table`` (an identity), its claim table made if missing."""
+    relation = await conn.fetchval("SELECT kdg_claim_table($1)", table.text)
+    return _window(await conn.fetchrow(_WINDOW, relation))
+
+
+async def ensure_parts(conn, window: Window, times) -> None:
+    """Make sure a partition exists for each of ``times`` at or above the horizon (``window.parts`` updated)."""
+    for t in sorted(set(times)):
+        if window.covers(t) or (window.horizon_ms is not None and t < window.horizon_ms):
+            continue
+        name = await conn.fetchval("SELECT kdg_window_part($1, $2)", window.relation, t)
+        if name is not None:
+            lo, hi = (int(x) for x in name.rsplit("_", 2)[1:])
+            window.parts = sorted({*window.parts, (lo, hi)})
+
+
+async def hold_horizon(conn, window: Window) -> None:
+    """Inside a claiming transaction: read the horizon, holding it until commit (maintenance waits)."""
+    horizon = await conn.fetchval("SELECT horizon_ms FROM kdg_windows WHERE relation = $1 FOR SHARE",
+                                  window.relation)
+    if horizon != window.horizon_ms:
+        window.horizon_ms = horizon
+        window.parts = [(lo, hi) for lo, hi in window.parts if horizon is None or hi > horizon]
+
+
+class WindowsMixin:
+    """Retention windows: owns ``kdg_windows`` and ``kdg_window_parts``, and makes and drops the
+    partitions of ``kdg_dedup_<n>`` and ``kdg_ledger``."""
+
+    def claim_window(self, table: TableName) -> Window:
+        """The claim window of sink table ``table`` (an identity), its claim table made if missing."""
+        return self._run(claim_window(self.conn, table))
+
+    def ledger_window(self) -> Window:
+        return _window(self._run(self.conn.fetchrow(_WINDOW, "kdg_ledger")))
+
+    def windows(self) -> list[Window]:
+        return self._run(_windows(self.conn))
+
+    def set_retention(self, window: Window, retention_ms: int | None, source: str) -> None:
+        """Keep ``window``'s state for ``retention_ms`` (None: for ever); ``source`` says who chose it."""
+        width = width_for(retention_ms)
+        self._run(self.conn.execute(
+            """UPDATE kdg_windows SET retention_ms = $2, retention_from = $3, width_ms = $4, updated_at = now()
+               WHERE relation = $1""", window.relation, retention_ms, source, width))
+        window.retention_ms, window.retention_from, window.width_ms = retention_ms, source, width
+
+    def ensure_current(self, window: Window, at_ms: int | None = None) -> None:
+        """Partitions for now and the next width (the ledger's rows, and claims of keys without a time)."""
+        t = now_ms() if at_ms is None else at_ms
+        self._run(ensure_parts(self.conn, window, (t, t + window.width_ms)))
+
+    def maintain(self, *, at_ms: int | None = None, lock_timeout_s: float = 2.0,
+                 relations: list[str] | None = None) -> list[Maintained]:
+        """One maintenance pass over every window (or ``relations``): expired partitions dropped, the
+        horizon raised, partitions made ahead. Skipped, with the reason, where another process is
+        maintaining or a partition's lock is not granted within ``lock_timeout_s`` (a long audit)."""
+        return self._run(self._maintain(now_ms() if at_ms is None else at_ms, lock_timeout_s, relations))
+
+    async def _maintain(self, at: int, lock_timeout_s: float, relations) -> list[Maintained]:
+        import asyncpg
+
+        done = []
+        for window in await _windows(self.conn):
+            if relations is not None and window.relation not in relations:
+                continue
+            report = Maintained(window.relation, window.sink_table, window.retention_ms, window.width_ms,
+                                horizon_ms=window.horizon_ms)
+            done.append(report)
+            try:
+                async with self.conn.transaction():
+                    if await self.conn.fetchval("SELECT pg_try_advisory_xact_lock($1, hashtext($2))",
+                                                _LOCK, window.relation):
+                        await self.conn.execute(f"SET LOCAL lock_timeout = {int(lock_timeout_s * 1000)}")
+                        await self._expire(window, at, report)
+                    else:
+                        report.skipped = "another process is maintaining it"
+            except asyncpg.exceptions.LockNotAvailableError:
+                report.skipped = f"a lock was not granted within {lock_timeout_s:g} s (a long read?); next time"
+            await ensure_parts(self.conn, window, (at, at + window.width_ms))
+            report.kept = len(window.parts)
+            report.bytes = await self.conn.fetchval(
+                "SELECT coalesce(sum(pg_total_relation_size(part::regclass)), 0)::bigint FROM kdg_window_parts "
+                "WHERE relation = $1", window.relation)
+        return done
+
+    async def _expire(self, window: Window, at: int, report: Maintained) -> None:
+        await self.conn.execute("SELECT 1 FROM kdg_windows WHERE relation = $1 FOR UPDATE", window.relation)
+        if window.retention_ms is None:
+            return
+        cut = at - window.retention_ms
+        expired = await self.conn.fetch(
+            "SELECT part, hi_ms FROM kdg_window_parts WHERE relation = $1 AND hi_ms <= $2 ORDER BY lo_ms",
+            window.relation, cut)
+        if not expired:
+            return
+        for row in expired:
+            await self.conn.execute(f'DROP TABLE IF EXISTS "{row["part"]}"')
+        horizon = max(window.horizon_ms or expired[-1]["hi_ms"], expired[-1]["hi_ms"])
+        await self.conn.execute("DELETE FROM kdg_window_parts WHERE relation = $1 AND hi_ms <= $2",
+                                window.relation, cut)
+        await self.conn.execute("UPDATE kdg_windows SET horizon_ms = $2, updated_at = now() WHERE relation = $1",
+                                window.relation, horizon)
+        window.horizon_ms = report.horizon_ms = horizon
+        window.parts = [(lo, hi) for lo, hi in window.parts if hi > cut]
+        report.dropped = len(expired)
