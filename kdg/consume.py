@@ -46,6 +46,7 @@ class ConsumeRequest:
     pg_wait: float = 120.0            # how long to wait for a Postgres that went away, before giving up
     pipeline: int = 2                 # exactly-once into Postgres: batches written at once, on as many connections
     notice: Callable[[str], None] = lambda text: None  # status lines (Postgres retries)
+    dedup_retention: str | None = None  # exactly-once into Postgres: how long claims are kept (kdg.retention)
 
 
 @dataclass
@@ -67,6 +68,9 @@ class ConsumeReport:
     msgs_per_s: float = 0.0
     stopped_by: str = ""
     never_assigned: list = field(default_factory=list)  # partitions of the topic this member never held
+    dedup_window: str | None = None  # exactly-once into Postgres: how long the table keeps claims
+    outside_dedup_window: int = 0    # rows written without a claim: their keys were older than the window
+    claim_partitions_dropped: int = 0  # expired claim partitions this consumer's maintenance dropped
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -164,6 +168,13 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
     try:
         dlq = DeadLetterQueue(policy, bootstrap, req.topic, extra)
         sink = _make_sink(req, policy, dlq, consumer)
+        if policy.dedup and kind == "postgres":  # claims, kept for the table's window
+            from kdg.retention import decide_dedup_window, show
+
+            window = decide_dedup_window(sink.store, req.conn, req.topic, sink.table, req.dedup_retention,
+                                         req.notice)
+            sink.keep_window(window)
+            report.dedup_window = show(window.retention_ms)
         offsets = OffsetProtocol(policy, consumer, sink, req.topic)
 
         def on_assign(assigned):
@@ -181,6 +192,8 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
         report.never_assigned = sorted(set(partitions) - consumer.ever_assigned)
         consumer.close()
         if sink is not None:
+            report.outside_dedup_window = getattr(sink, "unclaimed", lambda: 0)()
+            report.claim_partitions_dropped = getattr(sink, "partitions_dropped", 0)
             sink.close()
     return report
 
@@ -228,6 +241,8 @@ def _handle(msgs, req, policy, resolver, offsets, sink, report) -> None:
         report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
         return
     _settle(sink.submit(batch, atomic=offsets.atomic), req, offsets, sink, report)
+    for skipped in getattr(sink, "maintain_if_due", lambda: [])():
+        req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
 
 
 def _settle(outcomes, req, offsets, sink, report) -> None:

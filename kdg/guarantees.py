@@ -39,6 +39,7 @@ class DeliveryPolicy:
     isolation_level: str
     commit_mode: CommitMode
     dedup: bool
+    dedup_window: str         # how long a claim is kept, so how late a duplicate is still recognised
     spark_task_retries: bool
     confirms_delivery: bool   # the producer learns each record's fate (a broker answer); else it only knows it sent
     may_lose: bool            # what the guarantee allows a fault to cost, and so what `kdg chaos` accepts
@@ -108,7 +109,8 @@ _POLICIES = {
     Guarantee.AT_MOST_ONCE: DeliveryPolicy(
         guarantee=Guarantee.AT_MOST_ONCE, acks="0", retries=0, idempotence=False, transactional=False,
         max_in_flight=5, isolation_level="read_uncommitted", commit_mode=CommitMode.BEFORE_PROCESSING,
-        dedup=False, spark_task_retries=False, confirms_delivery=False, may_lose=True, may_duplicate=False,
+        dedup=False, dedup_window="none", spark_task_retries=False, confirms_delivery=False, may_lose=True,
+        may_duplicate=False,
         reasons={
             "acks": "fire and forget: the producer never waits for a broker",
             "retries": "a resend could duplicate; never resend",
@@ -118,6 +120,7 @@ _POLICIES = {
             "isolation_level": "no transactions to hide",
             "commit_mode": "offsets are committed before processing: a crash skips the batch, never repeats it",
             "dedup": "nothing is ever delivered twice, so there is nothing to drop",
+            "dedup_window": "no claims are made",
             "spark_task_retries": "a retried task could write twice; the range is marked done before writing",
             "confirms_delivery": "acks=0: no broker answers, so a record counts as sent, never as acknowledged",
             "may_lose": "a crash or a lost request drops records; nothing is ever repeated to make up for it",
@@ -126,7 +129,8 @@ _POLICIES = {
     Guarantee.AT_LEAST_ONCE: DeliveryPolicy(
         guarantee=Guarantee.AT_LEAST_ONCE, acks="all", retries=None, idempotence=False, transactional=False,
         max_in_flight=1, isolation_level="read_uncommitted", commit_mode=CommitMode.AFTER_PROCESSING,
-        dedup=False, spark_task_retries=True, confirms_delivery=True, may_lose=False, may_duplicate=True,
+        dedup=False, dedup_window="none", spark_task_retries=True, confirms_delivery=True, may_lose=False,
+        may_duplicate=True,
         reasons={
             "acks": "a write counts only once every in-sync replica has it",
             "retries": "resend until delivery.timeout.ms: a lost ack becomes a duplicate, never a loss",
@@ -136,6 +140,7 @@ _POLICIES = {
             "isolation_level": "no transactions to hide",
             "commit_mode": "offsets are committed after processing: a crash repeats the batch, never skips it",
             "dedup": "duplicates are allowed at this level and stay visible",
+            "dedup_window": "no claims are made",
             "spark_task_retries": "a failed task is retried; the range is recorded only after the write",
             "confirms_delivery": "every record is acknowledged by the in-sync replicas, or reported failed",
             "may_lose": "nothing acknowledged is lost: resends and commits after processing see to it",
@@ -144,7 +149,8 @@ _POLICIES = {
     Guarantee.EXACTLY_ONCE: DeliveryPolicy(
         guarantee=Guarantee.EXACTLY_ONCE, acks="all", retries=None, idempotence=True, transactional=True,
         max_in_flight=5, isolation_level="read_committed", commit_mode=CommitMode.IN_SINK_TRANSACTION,
-        dedup=True, spark_task_retries=True, confirms_delivery=True, may_lose=False, may_duplicate=False,
+        dedup=True, dedup_window="the sink table's --dedup-retention", spark_task_retries=True, confirms_delivery=True,
+        may_lose=False, may_duplicate=False,
         reasons={
             "acks": "idempotence and transactions need every in-sync replica",
             "retries": "safe to resend forever: the broker drops duplicates by producer id and sequence",
@@ -154,6 +160,11 @@ _POLICIES = {
             "isolation_level": "aborted and open transactions are never read",
             "commit_mode": "offsets are stored in the same Postgres (or Kafka) transaction as the results",
             "dedup": "an idempotency key is claimed in the same transaction as the row it guards",
+            "dedup_window": "a duplicate is recognised while its first claim is kept: claims live in partitions by "
+                            "the key's time (a UUIDv7's, else its first claim's), dropped whole once older than "
+                            "the window, stored per table (default: the topic's retention.ms + segment.ms, how long "
+                            "Kafka can serve a record). A record read again later is written again; spark-replay "
+                            "refuses such a range unless --beyond-dedup-window",
             "spark_task_retries": "a retried task re-claims the same keys and adds nothing",
             "confirms_delivery": "records count once their transaction commits",
             "may_lose": "results and offsets commit together: a crash repeats work that dedup then drops",

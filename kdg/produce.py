@@ -33,6 +33,7 @@ class ProduceRequest:
     transactional_id: str | None = None
     partitions: int = 3
     progress: Callable[[int], None] | None = None
+    ledger_retention: str | None = None  # how long ledger rows are kept (stored for every producer; None: as stored)
 
 
 @dataclass
@@ -159,7 +160,13 @@ def run_produce(req: ProduceRequest) -> ProduceReport:
         from kdg.store.pg import Store
 
         store = Store(req.conn.pg_dsn)
-        store.start_run(run_id, req.topic, policy.guarantee.value)
+        try:
+            if req.ledger_retention is not None:
+                store.set_ledger_retention(req.ledger_retention)
+            store.start_run(run_id, req.topic, policy.guarantee.value)
+        except BaseException:
+            store.close()
+            raise
         ledger = LedgerWriter(store)  # COPYs on its own thread until closed
     outcomes = _Outcomes(report, ledger, run_id, req.topic, confirms=policy.confirms_delivery)
     make_id = id_maker(req.id_template)

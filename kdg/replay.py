@@ -42,6 +42,8 @@ class ReplayRequest:
     on_range: Callable[[Ranges], None] | None = None          # shown before the job runs
     progress: Callable[[int, int, int], None] | None = None   # (tasks done, tasks, tasks failed)
     echo: Callable[[str], None] = print
+    dedup_retention: str | None = None   # exactly-once: the table's claim window, if it has none yet (kdg.retention)
+    beyond_dedup_window: bool = False    # replay records older than the window, knowing they are not deduplicated
 
 
 @dataclass
@@ -93,6 +95,11 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
         else:
             identity = store.ensure_sink_table(req.table)
         table = identity.text  # the table's identity: the dedup key, the report, WriteSpec (picklable)
+        if policy.dedup:
+            from kdg.retention import decide_dedup_window
+
+            window = decide_dedup_window(store, req.conn, req.topic, identity, req.dedup_retention, req.echo)
+            _check_window(req, policy.isolation_level, window, ranges, store)
         if req.on_range:
             req.on_range(ranges)
         record_first = policy.commit_mode is CommitMode.BEFORE_PROCESSING
@@ -133,27 +140,60 @@ def _id_from(spec: str | None) -> tuple[str | None, str | None]:
 
 
 def _resolve(req: ReplayRequest, isolation: str, start, end, store) -> Ranges:
-    from confluent_kafka import KafkaException, TopicPartition
-
     from kdg.kafka.admin import topic_partitions, watermarks
-    from kdg.kafka.clients import reader
 
     partitions = topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra)
-
-    def offsets_for_time(ms: int) -> dict[int, int]:
-        consumer = reader(req.conn.bootstrap_servers, req.conn.extra, group="kdg-replay-ranges", isolation=isolation)
-        try:
-            found = consumer.offsets_for_times([TopicPartition(req.topic, p, ms) for p in partitions], timeout=15)
-        except KafkaException as exc:
-            raise ConnectionFailed(f"cannot look up offsets by time in Kafka: {exc.args[0].str()}") from exc
-        finally:
-            consumer.close()
-        return {tp.partition: tp.offset for tp in found}
-
     return resolve_range(req.topic, start, end, partitions=partitions,
                          watermarks=watermarks(req.conn.bootstrap_servers, req.topic, req.conn.extra, isolation),
                          stored=lambda: store.stored_offsets(req.group, req.topic),
-                         offsets_for_time=offsets_for_time)
+                         offsets_for_time=lambda ms: _offsets_for_time(req, isolation, partitions, ms))
+
+
+def _offsets_for_time(req: ReplayRequest, isolation: str, partitions: list[int], ms: int) -> dict[int, int]:
+    """Per partition, the first offset whose record's timestamp is at or after ``ms`` (-1: none is)."""
+    from confluent_kafka import KafkaException, TopicPartition
+
+    from kdg.kafka.clients import reader
+
+    consumer = reader(req.conn.bootstrap_servers, req.conn.extra, group="kdg-replay-ranges", isolation=isolation)
+    try:
+        found = consumer.offsets_for_times([TopicPartition(req.topic, p, ms) for p in partitions], timeout=15)
+    except KafkaException as exc:
+        raise ConnectionFailed(f"cannot look up offsets by time in Kafka: {exc.args[0].str()}") from exc
+    finally:
+        consumer.close()
+    return {tp.partition: tp.offset for tp in found}
+
+
+def _check_window(req: ReplayRequest, isolation: str, window, ranges: Ranges, store) -> None:
+    """Exactly-once: refuse a range reaching back past the table's claim window, where a record already
+    written would be written again — unless the table is new, or the user said ``--beyond-dedup-window``."""
+    from kdg.retention import show
+    from kdg.store.windows import now_ms
+
+    if window.retention_ms is None:
+        return
+    cut = max(now_ms() - window.retention_ms, window.horizon_ms or 0)
+    first_kept = _offsets_for_time(req, isolation, sorted(ranges), cut)
+    older = {p: (s, min(e, first_kept[p]) if first_kept[p] >= 0 else e) for p, (s, e) in sorted(ranges.items())}
+    older = {p: r for p, r in older.items() if r[0] < r[1]}
+    if not older:
+        return
+    when = f"@{cut}"
+    what = ", ".join(f"{p}: {s}–{e - 1}" for p, (s, e) in older.items())
+    if window.horizon_ms is None and not store.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM kdg_dedup WHERE sink_table = $1)", window.sink_table):
+        return  # a new table: nothing in it to write twice
+    if req.beyond_dedup_window:
+        req.echo(f"warning: offsets {what} are older than {window.sink_table}'s dedup window "
+                 f"({show(window.retention_ms)}); they are written without a claim check (--beyond-dedup-window), "
+                 "so any of them already in the table is written again")
+        return
+    raise UsageError(
+        f"the range reaches back past {window.sink_table}'s dedup window: its claims are kept "
+        f"{show(window.retention_ms)}, and records before {when} (Unix ms) may no longer be recognised as written. "
+        f"Offsets {what} (partition: first–last) are that old. Replay from {when} (--from {when}), or add "
+        "--beyond-dedup-window to write them anyway: a record among them already in the table is written again")
 
 
 def _run_job(req: ReplayRequest, master: str, policy, ranges: Ranges, spec, id_kind, id_arg,

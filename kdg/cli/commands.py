@@ -6,10 +6,11 @@ from typing import Annotated, Optional
 import typer
 
 from kdg.cli import app
-from kdg.cli.options import (Bootstrap, Columns, CreateTable, Json, MappingFile, Mode, OnTombstone, PgDsn, Profile,
-                             Properties)
+from kdg.cli.options import (Bootstrap, Columns, CreateTable, DedupRetention, Json, MappingFile, Mode, OnTombstone,
+                             PgDsn, Profile, Properties)
 from kdg.cli.render import console, err_console, key_value_table, print_json
 from kdg.errors import CheckFailed, UsageError
+from kdg.retention import parse_retention
 
 GuaranteeOpt = Annotated[str, typer.Option(
     "--guarantee", "-g", help="at-most-once | at-least-once | exactly-once (see `kdg policy`).")]
@@ -97,6 +98,9 @@ def produce(
     txn_interval_ms: Annotated[int, typer.Option(help="exactly-once: commit a transaction at least this often.")] = 100,
     transactional_id: Annotated[Optional[str], typer.Option(help="exactly-once: stable transactional.id [default: kdg-produce-TOPIC].")] = None,
     no_ledger: Annotated[bool, typer.Option("--no-ledger", help="Keep no ledger in Postgres (throughput runs; audit cannot count losses).")] = False,
+    ledger_retention: Annotated[Optional[str], typer.Option(help="Keep ledger rows this long (30d, 36h, forever); "
+                                "stored once for every producer (kdg db maintain changes it). Default: as stored, "
+                                "else forever.")] = None,
     partitions: Annotated[int, typer.Option(help="Partitions if the topic is created.")] = 3,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
@@ -120,9 +124,11 @@ def produce(
         if file is not None:
             sources.validate_file(file, reader)  # a bad line is reported before anything is sent
         records = reader(file, opts)
+    if ledger_retention is not None:
+        parse_retention(ledger_retention, "--ledger-retention")  # a malformed one is refused before anything is sent
     bar, progress = _progress(f"producing to {topic}", count, not as_json)
     req = ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=_conn(bootstrap, pg_dsn, props, profile),
-                         ledger=not no_ledger, id_template=id_template, txn_size=txn_size,
+                         ledger=not no_ledger, ledger_retention=ledger_retention, id_template=id_template, txn_size=txn_size,
                          txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
                          partitions=partitions, progress=progress)
     report = _run_with_bar(bar, run_produce, req)
@@ -165,6 +171,7 @@ def consume(
     pipeline: Annotated[int, typer.Option(help="Exactly-once into Postgres: batches written at once, each on its "
                         "own connection, while the next is read (0: each batch is written before the next is "
                         "polled). Offsets stay chained in order.")] = 2,
+    dedup_retention: DedupRetention = None,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
@@ -187,12 +194,14 @@ def consume(
                           create_table=create_table)  # a bad mapping is refused before anything is read
     table = typed.table.text if typed is not None else table_name(table or "kdg_events").text
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
+    if dedup_retention is not None:
+        parse_retention(dedup_retention)  # a malformed one is refused before anything is read
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
     req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
                          sink=sink, table=table, mapping=typed, fmt=fmt, id_from=id_from, count=count,
                          exit_at_end=exit_at_end, idle_timeout=idle_timeout, start=offset, batch_size=batch_size,
                          batch_ms=batch_ms, max_bytes=max_bytes, handler=handler, transactional_id=transactional_id,
-                         progress=progress, pg_wait=pg_wait, pipeline=pipeline,
+                         progress=progress, pg_wait=pg_wait, pipeline=pipeline, dedup_retention=dedup_retention,
                          notice=lambda text: err_console.print(text, style="warn", markup=False, highlight=False,
                                                                soft_wrap=True))
     report = _run_with_bar(bar, run_consume, req)
@@ -223,6 +232,9 @@ def spark_replay(
     chunk_rows: Annotated[int, typer.Option(help="Rows per Postgres transaction in a Spark task.")] = 20_000,
     spark_conf: Annotated[Optional[list[str]], typer.Option("--conf", help="Spark property key=value "
                           "(repeatable).")] = None,
+    dedup_retention: DedupRetention = None,
+    beyond_dedup_window: Annotated[bool, typer.Option(help="Exactly-once: replay records older than the table's "
+                                   "dedup window too; one of them already in the table is written again.")] = False,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
@@ -249,7 +261,8 @@ def spark_replay(
     bar, tasks_done = _progress("spark tasks", None, not as_json)
     req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile), group=group,
                         start=start, end=end, table=table or "kdg_events", mapping=typed, master=master,
-                        id_from=id_from, chunk_rows=chunk_rows,
+                        id_from=id_from, chunk_rows=chunk_rows, dedup_retention=dedup_retention,
+                        beyond_dedup_window=beyond_dedup_window,
                         spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"), on_range=show_range,
                         progress=lambda done, total, failed: tasks_done(done, total),
                         echo=lambda text: err_console.print(text, soft_wrap=True, markup=False))
@@ -261,6 +274,15 @@ def spark_replay(
         console.print(key_value_table(f"spark-replay {topic} → {report.table} ({report.guarantee})", rows))
 
 
+def _moment(text: str | None, option: str):
+    """``--since``/``--until``: ISO 8601 (UTC unless it says) or Unix milliseconds, as an aware datetime."""
+    from datetime import datetime, timezone
+
+    from kdg.spark.ranges import parse_timestamp
+
+    return None if text is None else datetime.fromtimestamp(parse_timestamp(text, option) / 1000, timezone.utc)
+
+
 @app.command()
 def audit(
     topic: Annotated[str, typer.Argument(help="The topic the producer ledger recorded.")],
@@ -268,10 +290,16 @@ def audit(
                      "positions tell lost from pending [default: the one group that consumed the topic].")] = None,
     sink: Annotated[str, typer.Option(help="postgres, or kafka:OUT_TOPIC to read the output topic.")] = "postgres",
     table: Annotated[str, typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME.")] = "kdg_events",
+    since: Annotated[Optional[str], typer.Option(help="Only records the producer recorded from this time on: ISO "
+                     "8601 (UTC unless it says) or Unix milliseconds.")] = None,
+    until: Annotated[Optional[str], typer.Option(help="... and before this time.")] = None,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
     """Count lost, duplicated, unexpected and pending records: the producer ledger against the sink.
+
+    Records left out (outside --since/--until, or whose ledger row or claim expired with its
+    retention window) are counted apart as outside_window: never lost, never unexpected.
 
     Exit 0 when balanced (pending records are not yet read, not lost), 7 when anything was lost,
     duplicated or unexpected, 5 when Kafka or Postgres could not be read.
@@ -280,7 +308,11 @@ def audit(
     from kdg.settings import table_name
 
     table_name(table)  # NAME or SCHEMA.NAME, refused before anything is read
-    report = run_audit(topic, _conn(bootstrap, pg_dsn, props, profile), sink=sink, table=table, group=group)
+    since_at, until_at = _moment(since, "--since"), _moment(until, "--until")
+    if since_at and until_at and since_at >= until_at:
+        raise UsageError(f"--since {since} is not before --until {until}")
+    report = run_audit(topic, _conn(bootstrap, pg_dsn, props, profile), sink=sink, table=table, group=group,
+                       since=since_at, until=until_at)
     if as_json:
         print_json(report)
     else:

@@ -1,11 +1,13 @@
-"""`kdg db migrate | status`: the kdg schema in any PostgreSQL database."""
+"""`kdg db migrate | status | maintain`: the kdg schema in any PostgreSQL database, and its bounded state."""
+
+from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
 
 from kdg.cli.options import Json, PgDsn
 from kdg.cli.render import console, flag, print_json
-from kdg.errors import CheckFailed
+from kdg.errors import CheckFailed, UsageError
 
 app = typer.Typer(help="Apply or inspect the kdg schema in a PostgreSQL database.", no_args_is_help=True)
 
@@ -48,3 +50,43 @@ def status(pg_dsn: PgDsn = None, as_json: Json = False) -> None:
         console.print(table)
     if report.pending:
         raise CheckFailed(f"pending: {', '.join(report.pending)}; run: kdg db migrate --pg-dsn '{report.dsn}'")
+
+
+@app.command()
+def maintain(
+    table: Annotated[Optional[str], typer.Option(help="With --dedup-retention: the sink table whose claim window "
+                     "changes.")] = None,
+    dedup_retention: Annotated[Optional[str], typer.Option(help="Keep --table's exactly-once claims this long "
+                               "(30d, 36h, 10s, forever), for every writer.")] = None,
+    ledger_retention: Annotated[Optional[str], typer.Option(help="Keep producer ledger rows this long (30d, "
+                                "forever).")] = None,
+    pg_dsn: PgDsn = None, as_json: Json = False,
+) -> None:
+    """Drop expired claim and ledger partitions (whole, never row by row), make the next ones; set retention."""
+    from kdg.maintenance import run_maintenance
+    from kdg.retention import show
+
+    if (table is None) != (dedup_retention is None):
+        raise UsageError("--table and --dedup-retention go together: the table whose claims are kept that long")
+    report = run_maintenance(_dsn(pg_dsn), table=table, dedup_retention=dedup_retention,
+                             ledger_retention=ledger_retention)
+    if as_json:
+        print_json(report)
+        return
+    for change in report.changed:
+        console.print(change)
+    shown = Table(title=f"kdg state windows — {report.dsn}", title_justify="left")
+    for col in ("state", "of", "retention", "partitions", "dropped now", "horizon (UTC)", "size"):
+        shown.add_column(col)
+    for m in report.windows:
+        shown.add_row(m.relation, m.sink_table or "producer ledger", show(m.retention_ms), str(m.kept), str(m.dropped),
+                      _utc(m.horizon_ms), f"{m.bytes / 1e6:.1f} MB", style="warn" if m.skipped else None)
+        if m.skipped:
+            shown.add_row("", f"skipped: {m.skipped}", "", "", "", "", "")
+    console.print(shown)
+
+
+def _utc(ms: int | None) -> str:
+    from datetime import datetime, timezone
+
+    return "-" if ms is None else f"{datetime.fromtimestamp(ms / 1000, timezone.utc):%Y-%m-%d %H:%M:%S.%f}"[:-3]

@@ -35,3 +35,9 @@ CreateTable = Annotated[bool, typer.Option(
 OnTombstone = Annotated[Optional[str], typer.Option(
     "--on-tombstone", help="Typed sink, a record with a null value: dead-letter (the default), delete (by key) or "
     "ignore.")]
+
+# exactly-once into Postgres: how long a sink table's claims are kept (kdg.retention)
+DedupRetention = Annotated[Optional[str], typer.Option(
+    "--dedup-retention", help="Exactly-once into Postgres: keep the table's claims this long (30d, 36h, 10s, or "
+    "forever); a record read again later is written again. Stored with the table, so all its writers agree. "
+    "Default: the stored one, else the topic's retention.ms + segment.ms.")]

@@ -104,6 +104,17 @@ def describe_topic(bootstrap: str, topic: str, extra: dict | None = None) -> dic
     }
 
 
+def topic_config(bootstrap: str, topic: str, names: tuple[str, ...], extra: dict | None = None) -> dict[str, str]:
+    """The effective values of the topic configs ``names`` (the broker's defaults where the topic sets none)."""
+    admin = admin_client(bootstrap, extra)
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    try:
+        configs = admin.describe_configs([res])[res].result(15)
+    except KafkaException as exc:
+        raise _unreachable(admin, bootstrap, exc, f"describing topic {topic!r}") from None
+    return {n: configs[n].value for n in names if n in configs}
+
+
 def describe_broker_config(bootstrap: str, broker_id: int, names: list[str],
                            extra: dict | None = None) -> dict[str, str]:
     admin = admin_client(bootstrap, extra)

@@ -1,5 +1,7 @@
 """The Postgres sink: rows into a sink table; under exactly-once, dedup and offsets in the same transaction."""
 
+import time
+
 from kdg import faults
 from kdg.settings import table_name
 from kdg.sinks import Batch, Outcome, Sink, WriteResult
@@ -31,6 +33,30 @@ class PostgresSink(Sink):
         # exactly-once batches are written on `pipeline` connections of their own, in turn (see kdg.sinks.pipeline)
         self.pipeline = Pipeline(lambda: Store(dsn), pipeline) if pipeline > 0 else None
         self._held: list[Outcome] = []  # outcomes drained at a rebalance, handed back with the next ones
+        self.window = None  # exactly-once: the table's claim window, maintained from here (keep_window)
+        self.partitions_dropped = 0
+        self._maintain_at = 0.0
+
+    def keep_window(self, window) -> None:
+        """Maintain ``window`` (:class:`kdg.store.windows.Window`) while consuming: at most once per
+        partition width (1 s to 5 min), under the database's maintenance lock (another process may hold it)."""
+        self.window = window
+        self._maintain_every = min(300.0, max(1.0, window.width_ms / 1000))
+        self._maintain_at = time.monotonic() + self._maintain_every
+
+    def maintain_if_due(self) -> list:
+        """Drop the window's expired partitions if it is time; the passes that were skipped (and why)."""
+        if self.window is None or time.monotonic() < self._maintain_at:
+            return []
+        self._maintain_at = time.monotonic() + self._maintain_every
+        done = self.store.maintain(relations=[self.window.relation])
+        self.partitions_dropped += sum(m.dropped for m in done)
+        return [m for m in done if m.skipped and "another process" not in m.skipped]
+
+    def unclaimed(self) -> int:
+        """Rows written without a claim (older than the window), on every connection of this sink."""
+        stores = [self.store] + (self.pipeline.stores if self.pipeline is not None else [])
+        return sum(store.unclaimed for store in stores)
 
     def acquire(self, partitions: list[int]) -> dict[int, int | None]:
         """Own ``partitions`` (each fence bumped, so an older owner's batches are refused); their stored offsets."""

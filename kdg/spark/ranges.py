@@ -31,7 +31,7 @@ def parse_bound(spec: str, option: str = "--from") -> Bound:
     if spec in ("earliest", "latest", "stored"):
         return Bound(spec)
     if spec.startswith("@"):
-        return Bound("timestamp", timestamp_ms=_parse_timestamp(spec[1:], option))
+        return Bound("timestamp", timestamp_ms=parse_timestamp(spec[1:], option))
     offsets: dict[int, int] = {}
     for item in spec.split(","):
         p, sep, o = item.partition(":")
@@ -48,13 +48,14 @@ def parse_bound(spec: str, option: str = "--from") -> Bound:
     return Bound("offsets", offsets=offsets)
 
 
-def _parse_timestamp(text: str, option: str) -> int:
+def parse_timestamp(text: str, option: str) -> int:
+    """ISO 8601 (UTC unless it says) or Unix milliseconds → Unix milliseconds."""
     if text.isdigit():
         return int(text)
     try:
         moment = datetime.fromisoformat(text)
     except ValueError:
-        raise UsageError(f"{option} @{text}: not an ISO 8601 time (e.g. @2026-11-22T10:00:00) "
+        raise UsageError(f"{option} {text!r}: not an ISO 8601 time (e.g. 2026-11-22T10:00:00) "
                          "nor milliseconds since the epoch") from None
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=timezone.utc)
