@@ -2,6 +2,7 @@
 
 import functools
 import time
+from datetime import datetime, timezone
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 
@@ -29,8 +30,14 @@ class AuditReport:
     pending: int = 0            # acked, not in the sink yet, at or after the group's position: not read yet
     duplicates: int = 0         # rows beyond the first per key
     unexpected: int = 0         # keys in the sink the ledger never acked
+    outside_window: int = 0     # keys left out: their ledger row (or claim) expired, or outside --since/--until
+    duplicates_beyond_dedup_window: int = 0  # rows beyond the first of keys older than the table's claim horizon:
+                                             # exactly-once could no longer recognise them (kdg policy explains)
     positions_of: str | None = None  # the group whose stored positions tell lost from pending (None: all is lost)
     basis: str = "sink rows"    # what the sink's keys were counted from
+    since: str | None = None    # --since/--until: only records the producer recorded in [since, until) (UTC)
+    until: str | None = None
+    ledger_horizon: str | None = None  # ledger rows recorded before this were dropped (its retention window)
     note: str | None = None     # what that basis can and cannot tell
     pending_by_partition: dict = field(default_factory=dict)
     dead_letter_reasons: dict = field(default_factory=dict)  # {reason without particulars: keys (keyless: records)}
@@ -50,26 +57,48 @@ _KEYS = """CREATE TEMP TABLE {name} (idempotency_key text NOT NULL)"""
 
 # ``passed``: the group's stored position is past one of the key's acknowledged copies, so a
 # missing key is lost; otherwise it is pending. Without known positions ($2 false) all is passed.
-_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq, passed, p)
+# ``outside``: left out of every count. A key with ledger rows, none recorded in [$3, $4) (--since,
+# --until), or, counted from claims ($8), missing while older than the table's claim horizon $6 (they expired).
+# A key without ledger rows whose row expired with the ledger's window (horizon $5): its time (a
+# UUIDv7's) is below the horizon, or it was read from before the ledger's first kept offset.
+# ``beyond``: a key written more than once whose time is below that horizon: a duplicate exactly-once
+# could no longer recognise (its first claim had expired), counted apart from the duplicates.
+_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq, passed, p, outside, beyond)
 WITH led AS (SELECT l.idempotency_key, bool_or(l.status <> 'failed') AS ok, min(l."partition") AS p,
                     bool_or(l.status <> 'failed' AND CASE WHEN NOT $2 THEN true
                                                           WHEN pos.next_offset IS NULL THEN false
                                                           WHEN l."offset" IS NULL THEN true
-                                                          ELSE l."offset" < pos.next_offset END) AS passed
+                                                          ELSE l."offset" < pos.next_offset END) AS passed,
+                    bool_or(($3::timestamptz IS NULL OR l.recorded_at >= $3)
+                            AND ($4::timestamptz IS NULL OR l.recorded_at < $4)) AS inside,
+                    min(extract(epoch FROM l.recorded_at) * 1000)::bigint AS t
              FROM kdg_ledger l LEFT JOIN kdg_audit_pos pos ON pos."partition" = l."partition"
              WHERE l.topic = $1 GROUP BY l.idempotency_key),
      got AS ({got}),
+     arg AS (SELECT $7::text AS sink_arg),  -- typed here, so a got query may use $7 or not
+     kept AS (SELECT "partition", min("offset") AS first FROM kdg_ledger
+              WHERE $5::bigint IS NOT NULL AND topic = $1 AND "offset" IS NOT NULL GROUP BY "partition"),
      dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dead)
-SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false), coalesce(led.passed, true), led.p
-FROM led FULL JOIN got USING (idempotency_key) LEFT JOIN dead USING (idempotency_key)"""
+SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false), coalesce(led.passed, true), led.p,
+       CASE WHEN led.idempotency_key IS NOT NULL
+            THEN NOT led.inside OR ($8 AND got.n IS NULL AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6)
+            ELSE coalesce(kdg_key_ms(idempotency_key) < $5, false) OR coalesce(got.go < kept.first, false)
+                 OR coalesce(to_timestamp(kdg_key_ms(idempotency_key) / 1000.0) < $3, false)
+                 OR coalesce(to_timestamp(kdg_key_ms(idempotency_key) / 1000.0) >= $4, false) END,
+       coalesce(got.n > 1 AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6, false)
+FROM led FULL JOIN got USING (idempotency_key) LEFT JOIN dead USING (idempotency_key)
+     LEFT JOIN kept ON kept."partition" = got.gp"""
 
-_GOT_PG = """SELECT idempotency_key, count(*) AS n FROM {table}
-             WHERE topic = $1 AND ($3::text IS NULL OR consumer_group = $3) GROUP BY idempotency_key"""
-_GOT_TOPIC = "SELECT idempotency_key, count(*) AS n FROM kdg_audit_got GROUP BY idempotency_key"
+# each got query: a key, its rows, and (where known) the partition and offset it was read from
+_GOT_PG = """SELECT idempotency_key, count(*) AS n, min("partition") AS gp, min("offset") AS go FROM {table}
+             WHERE topic = $1 AND ($7::text IS NULL OR consumer_group = $7) GROUP BY idempotency_key"""
+_GOT_TOPIC = """SELECT idempotency_key, count(*) AS n, NULL::int AS gp, NULL::bigint AS go FROM kdg_audit_got
+                GROUP BY idempotency_key"""
 # a user's table (a typed sink): exactly-once claims, else the table's own idempotency_key column
-_GOT_CLAIMS = """SELECT idempotency_key, count(*) AS n FROM kdg_dedup WHERE sink_table = $3 AND topic = $1
-                 GROUP BY idempotency_key"""
-_GOT_KEYED = "SELECT idempotency_key::text, count(*) AS n FROM {table} WHERE {where} GROUP BY idempotency_key"
+_GOT_CLAIMS = """SELECT idempotency_key, count(*) AS n, min("partition") AS gp, min("offset") AS go FROM kdg_dedup
+                 WHERE sink_table = $7 AND topic = $1 GROUP BY idempotency_key"""
+_GOT_KEYED = """SELECT idempotency_key::text, count(*) AS n, NULL::int AS gp, NULL::bigint AS go FROM {table}
+                WHERE {where} GROUP BY idempotency_key"""
 _KDG_SHAPE = {"idempotency_key", "consumer_group", "topic"}
 CLAIMS_NOTE = ("counted from kdg_dedup: exactly-once claims every key it handled (written, replaced by a later "
                "version, deleted or refused); writes under weaker guarantees leave no claims, and at-least-once "
@@ -79,18 +108,24 @@ KEYED_NOTE = ("counted from the table's idempotency_key column: an upsert keeps 
               "audit upsert tables written under exactly-once (kdg_dedup claims)")
 
 # One definition of each discrepancy, for the counts and for the example keys alike.
-_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq AND passed", "pending": "ok AND n IS NULL AND NOT dlq AND NOT passed",
-             "duplicated": "n > 1",
-             "unexpected": "n IS NOT NULL AND ok IS NOT TRUE"}
+_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq AND passed AND NOT outside",
+             "pending": "ok AND n IS NULL AND NOT dlq AND NOT passed AND NOT outside",
+             "duplicated": "n > 1 AND NOT outside AND NOT beyond",
+             "duplicated_beyond_dedup_window": "beyond AND NOT outside",
+             "unexpected": "n IS NOT NULL AND ok IS NOT TRUE AND NOT outside",
+             "outside_window": "outside"}
 
-_TOTALS = f"""SELECT count(*) FILTER (WHERE ok) AS acked,
-                     count(*) FILTER (WHERE NOT ok) AS failed,
-                     count(n) AS processed_unique,
-                     coalesce(sum(n), 0)::bigint AS rows,
+_TOTALS = f"""SELECT count(*) FILTER (WHERE ok AND NOT outside) AS acked,
+                     count(*) FILTER (WHERE NOT ok AND NOT outside) AS failed,
+                     count(n) FILTER (WHERE NOT outside) AS processed_unique,
+                     coalesce(sum(n) FILTER (WHERE NOT outside), 0)::bigint AS rows,
                      count(*) FILTER (WHERE {_EXAMPLES["lost"]}) AS lost,
                      count(*) FILTER (WHERE {_EXAMPLES["pending"]}) AS pending,
-                     coalesce(sum(n - 1), 0)::bigint AS duplicates,
+                     coalesce(sum(n - 1) FILTER (WHERE NOT outside AND NOT beyond), 0)::bigint AS duplicates,
+                     coalesce(sum(n - 1) FILTER (WHERE beyond AND NOT outside), 0)::bigint
+                         AS duplicates_beyond_dedup_window,
                      count(*) FILTER (WHERE {_EXAMPLES["unexpected"]}) AS unexpected,
+                     count(*) FILTER (WHERE outside) AS outside_window,
                      (SELECT count(DISTINCT idempotency_key) FROM kdg_audit_dead) AS dead_lettered
               FROM kdg_audit"""
 
@@ -196,7 +231,7 @@ def _text(value: bytes | None) -> str | None:
 
 
 def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: str = "kdg_events",
-              group: str | None = None) -> AuditReport:
+              group: str | None = None, since: datetime | None = None, until: datetime | None = None) -> AuditReport:
     from kdg.store.pg import Store
 
     from kdg.kafka.clients import vet_unguarded
@@ -204,8 +239,13 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
     kind, out_topic = parse_sink(sink)
     spelled = table_name(table)  # a malformed name is refused before anything is read
     vet_unguarded(conn.bootstrap_servers, conn.extra)  # a property the audit's readers refuse, refused up front
-    report = AuditReport(topic=topic, sink=sink, group=group)
+    report = AuditReport(topic=topic, sink=sink, group=group, since=since and since.isoformat(),
+                         until=until and until.isoformat())
+    claims_horizon = None
     with Store(conn.pg_dsn) as store:
+        ledger_horizon = store.ledger_window().horizon_ms
+        if ledger_horizon is not None:
+            report.ledger_horizon = datetime.fromtimestamp(ledger_horizon / 1000, timezone.utc).isoformat()
         _load_dead_letters(store, conn, topic)
         if kind == "kafka":
             _load_topic_keys(store, "kdg_audit_got", conn, out_topic)
@@ -214,11 +254,14 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
         else:
             identity = store.resolve_table(spelled)  # the key its claims were made under
             got, got_args, kdg_shaped = _sink_keys(store, identity, topic, group, report)
+            claims_horizon = _claims_horizon(store, identity)
         report.positions_of = group or (_only_group(store, topic, identity.sql, kdg_shaped)
                                         if kind == "postgres" else None)
         known = _load_positions(store, conn, topic, report.positions_of)
-        store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int)")
-        store.execute(_JOIN.format(got=got), topic, known, *got_args)
+        store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int, "
+                      "outside boolean NOT NULL, beyond boolean NOT NULL)")
+        store.execute(_JOIN.format(got=got), topic, known, since, until, ledger_horizon, claims_horizon,
+                      *(got_args or [None]), report.basis == "kdg_dedup claims")
         for name, value in store.fetch(_TOTALS)[0].items():
             setattr(report, name, value)
         report.dead_letter_reasons = {r["reason"]: r["n"] for r in store.fetch(
@@ -229,6 +272,11 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
         report.examples = {name: [r["k"] for r in store.fetch(
             f'SELECT k FROM kdg_audit WHERE {where} ORDER BY k COLLATE "C" LIMIT {EXAMPLES}')] for name, where in _EXAMPLES.items()}
     return report
+
+
+def _claims_horizon(store, table) -> int | None:
+    """The time below which ``table``'s exactly-once claims were dropped (None: none were, or it has none)."""
+    return store.fetchval("SELECT horizon_ms FROM kdg_windows WHERE sink_table = $1", table.text)
 
 
 def _sink_keys(store, table, topic: str, group: str | None, report: AuditReport) -> tuple[str, list, bool]:
