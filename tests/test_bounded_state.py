@@ -1,0 +1,179 @@
+"""Bounded state: claims and ledger rows live in time partitions, dropped whole once out of their window.
+
+What must hold: exactly-once stays 0 lost / 0 duplicates while partitions are dropped under a running
+consumer; a duplicate is dropped while its first claim is kept and written (and said to be) once it is
+not; a replay reaching back past the window is refused; and a database consumed halfway by kdg before
+the partitioned schema is finished after it with nothing lost or repeated.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import time
+import uuid
+from io import BytesIO
+from pathlib import Path
+
+import pytest
+from conftest import as_json, audited
+from pg_server import fresh_database
+
+from kdg.records import Uuid7Maker
+from kdg.store.pg import Store
+from kdg.store.windows import key_ms
+
+REPO = Path(__file__).resolve().parent.parent
+BEFORE_IDENTITY = "fc4aecf"  # the last commit whose kdg keyed claims by spelling, in one unpartitioned table
+
+
+def test_key_ms_is_one_function_in_python_and_sql(conn):
+    keys = [Uuid7Maker()(), "019a6f0e-4a1b-7c3d-9e4f-5a6b7c8d9e0f", "019A6F0E-4A1B-7C3D-9E4F-5A6B7C8D9E0F",
+            "019a6f0e-4a1b-4c3d-9e4f-5a6b7c8d9e0f", "019a6f0e-4a1b-7c3d-1e4f-5a6b7c8d9e0f", "order-17",
+            "019a6f0e-4a1b-7c3d-9e4f-5a6b7c8d9e0f0", "019a6f0e4a1b-7c3d-9e4f-5a6b7c8d9e0f-", "", "t/0/12"]
+    with Store(conn.pg_dsn) as store:
+        in_sql = [r["ms"] for r in store.fetch("SELECT kdg_key_ms(k) AS ms FROM unnest($1::text[]) WITH ORDINALITY "
+                                                "AS u(k, i) ORDER BY i", keys)]
+    assert in_sql == [key_ms(k) for k in keys]
+    assert in_sql[1] == 1762799798811 and in_sql[2:] == [None] * 8  # upper case, v4, wrong variant: no time
+
+
+def test_a_consume_across_partition_drops_stays_exactly_once(kdg, conn, topic):
+    """1 s window, 125 ms partitions; records arrive for ~4 s while the consumer maintains its claims."""
+    table = f"bs_{uuid.uuid4().hex[:8]}"
+    producer = subprocess.Popen([sys.executable, "-m", "kdg", "produce", topic, "-g", "exactly-once", "--count",
+                                 "4000", "--rate", "1000", "--json"], env=_env(conn), stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+    try:
+        report = as_json(kdg("consume", topic, "-G", f"g-{topic}", "-g", "exactly-once", "--table", table,
+                             "--dedup-retention", "1s", "--idle-timeout", "3", "--json"))
+    finally:
+        out, err = producer.communicate(timeout=60)
+    assert producer.returncode == 0, err
+    assert (report["consumed"], report["processed"], report["dedup_window"]) == (4000, 4000, "1s"), report
+    assert report["claim_partitions_dropped"] >= 3, report  # maintenance ran, under the consumer, several times
+    audit = audited(kdg, topic, "--table", table, "-G", f"g-{topic}")
+    assert (audit["acked"], audit["rows"], audit["lost"], audit["duplicates"]) == (4000, 4000, 0, 0), audit
+    with Store(conn.pg_dsn) as store:
+        kept = store.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = $1", f"public.{table}")
+    assert kept < 4000, kept  # the claims older than the window are gone: the state is bounded
+
+    # a replay of that range would read records whose claims are gone: refused before Spark starts
+    refused = kdg("spark-replay", topic, "--table", table, "-G", f"r-{topic}", check=False)
+    assert refused.returncode == 2 and "reaches back past" in refused.stderr, refused.stderr
+    assert "--beyond-dedup-window" in refused.stderr
+    with Store(conn.pg_dsn) as store:
+        assert store.fetchval("SELECT count(*) FROM kdg_replays WHERE topic = $1", topic) == 0
+
+
+def test_a_duplicate_is_dropped_inside_the_window_and_written_outside_it(kdg, conn, topic, tmp_path):
+    """The same kdg-ids produced twice: 5 minted now (their first claim kept), 5 minted an hour ago (dropped)."""
+    table = f"bw_{uuid.uuid4().hex[:8]}"
+    make = Uuid7Maker()
+    hour_ago = _uuid7_at(make(), time.time_ns() // 1_000_000 - 3_600_000)
+    ids = [make() for _ in range(5)] + [hour_ago(i) for i in range(5)]
+    envelopes = tmp_path / "twice.jsonl"
+    envelopes.write_text("".join(json.dumps({"value": f"v{i}", "headers": [{"name": "kdg-id", "value": k}]}) + "\n"
+                                 for i, k in enumerate(ids)))
+    consume = ("consume", topic, "-G", f"g-{topic}", "-g", "exactly-once", "--table", table, "-e", "--json")
+    kdg("produce", topic, "-g", "exactly-once", "--format", "json", "-f", envelopes)
+    first = as_json(kdg(*consume, "--dedup-retention", "10m"))
+    assert (first["consumed"], first["processed"], first["outside_dedup_window"]) == (10, 10, 0), first
+    maintained = as_json(kdg("db", "maintain", "--json"))  # drops the hour-old partition of the table's claims
+    mine = next(w for w in maintained["windows"] if w["sink_table"] == f"public.{table}")
+    assert mine["dropped"] >= 1 and mine["horizon_ms"] is not None, mine
+    kdg("produce", topic, "-g", "exactly-once", "--format", "json", "-f", envelopes)
+    second = as_json(kdg(*consume))
+    # inside the window: recognised and dropped; outside it: written again, and the report says so
+    assert (second["consumed"], second["duplicates_suppressed"], second["outside_dedup_window"]) == (10, 5, 5), second
+    audit = audited(kdg, topic, "--table", table, "-G", f"g-{topic}")
+    assert (audit["rows"], audit["duplicates"], audit["duplicates_beyond_dedup_window"], audit["lost"]) == \
+        (15, 0, 5, 0), audit
+    assert sorted(audit["examples"]["duplicated_beyond_dedup_window"]) == sorted(ids[5:]), audit["examples"]
+
+
+def test_a_table_consumed_halfway_before_partitioned_claims_is_finished_after(kdg, conn, stack, topic):
+    """kdg as it was before migrations 003 and 004 consumes half of a topic into ``idt``; today's kdg
+    migrates the database and finishes it. The old claims (spelling-keyed, one plain table; 10 of them
+    claimed under ``public.idt`` too, as two spellings did) and ledger rows are converted, none lost."""
+    n, table = 600, f"idt_{uuid.uuid4().hex[:8]}"
+    old = _old_kdg(BEFORE_IDENTITY, stack)
+    with fresh_database(stack.pg_dsn, f"kdg_{uuid.uuid4().hex[:10]}") as dsn:
+        env = {"KDG_PG_DSN": dsn}
+        old("db", "migrate", env=env)
+        old("produce", topic, "-g", "exactly-once", "--count", n, "--json", env=env)
+        first = as_json(old("consume", topic, "-G", f"a-{topic}", "-g", "exactly-once", "--table", table,
+                            "-c", n // 2, "--batch-size", 100, "--json", env=env))
+        assert first["consumed"] == n // 2
+        # (the old schema: today's Store refuses it, so plain SQL)
+        _sql(dsn, f"""INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
+                      SELECT 'public.{table}', idempotency_key, topic, "partition", "offset"
+                      FROM kdg_dedup ORDER BY idempotency_key LIMIT 10""")
+        assert kdg("consume", topic, "-G", "g", "-e", env=env, check=False).returncode == 3  # 'run kdg db migrate'
+        assert as_json(kdg("db", "migrate", "--json", env=env))["applied"] == ["003_table_identity.sql",
+                                                                               "004_bounded_state.sql"]
+        rest = as_json(kdg("consume", topic, "-G", f"a-{topic}", "-g", "exactly-once", "--table", table, "-e",
+                           "--json", env=env))
+        assert (rest["consumed"], rest["duplicates_suppressed"]) == (n // 2, 0), rest
+        audit = audited(kdg, topic, "--table", table, "-G", f"a-{topic}", env=env)
+        assert (audit["acked"], audit["rows"], audit["lost"], audit["duplicates"]) == (n, n, 0, 0), audit
+        # every claim survived the move: a second group reading it all into another spelling adds nothing
+        again = as_json(kdg("consume", topic, "-G", f"b-{topic}", "-g", "exactly-once", "--table",
+                            f"public.{table}", "-e", "--json", env=env))
+        assert (again["consumed"], again["duplicates_suppressed"]) == (n, n), again
+        with Store(dsn) as store:
+            claims = store.fetch("SELECT sink_table, count(*) AS n FROM kdg_dedup GROUP BY 1")
+        assert [(r["sink_table"], r["n"]) for r in claims] == [(f"public.{table}", n)], claims
+
+
+def _uuid7_at(template: str, ms: int):
+    """UUIDv7s like ``template`` but carrying the time ``ms``, the i-th differing in its last digits."""
+    t = f"{ms:012x}"
+    return lambda i: f"{t[:8]}-{t[8:]}-{template[14:32]}{i:04x}"
+
+
+def _env(conn) -> dict:
+    return {**{k: v for k, v in os.environ.items() if k != "KDG_FAULT"}, "KDG_BOOTSTRAP_SERVERS":
+            conn.bootstrap_servers, "KDG_PG_DSN": conn.pg_dsn}
+
+
+def _sql(dsn: str, *statements: str) -> None:
+    import asyncio
+
+    import asyncpg
+
+    async def run():
+        c = await asyncpg.connect(dsn)
+        try:
+            for statement in statements:
+                await c.execute(statement)
+        finally:
+            await c.close()
+
+    asyncio.run(run())
+
+
+def _old_kdg(commit: str, stack):
+    """Run kdg as it was at ``commit`` (its ``kdg/`` from git, beside today's dependencies)."""
+    where = Path(f"/tmp/kdg-old-{commit}")
+    if not (where / "kdg").is_dir():
+        try:
+            archive = subprocess.run(["git", "-C", str(REPO), "archive", commit, "kdg"], capture_output=True,
+                                     check=True).stdout
+        except (OSError, subprocess.CalledProcessError) as exc:
+            pytest.fail(f"the migration test needs kdg's git history (commit {commit}) to run the old code: {exc}")
+        partial = where.with_name(f"{where.name}.{os.getpid()}")
+        tarfile.open(fileobj=BytesIO(archive)).extractall(partial, filter="data")
+        partial.rename(where)  # whole or not at all: a run stopped half-way leaves no half tree behind
+
+    def run(*args, env: dict | None = None):
+        full = {**os.environ, "PYTHONPATH": str(where), "KDG_BOOTSTRAP_SERVERS": stack.bootstrap_servers,
+                "KDG_PG_DSN": stack.pg_dsn, "KDG_STATE_DIR": str(stack.state_dir), **(env or {})}
+        full.pop("KDG_FAULT", None)
+        proc = subprocess.run([sys.executable, "-m", "kdg", *map(str, args)], capture_output=True, text=True,
+                              env=full, cwd=where, timeout=300)
+        assert proc.returncode == 0, f"old kdg {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}"
+        return proc
+
+    return run
