@@ -12,8 +12,10 @@ the time the key was first claimed. A duplicate is recognised while its first cl
 key below the horizon is written without a claim (it can be proven neither new nor old): the
 window must cover every record kdg may be asked to read again (:mod:`kdg.retention`).
 
-A batch's claims and maintenance never cross: a claiming transaction reads the horizon ``FOR
-SHARE`` first, and maintenance raises it ``FOR UPDATE`` in the transaction that drops partitions.
+A batch's claims and maintenance never cross: a claiming transaction holds its window's advisory
+lock shared, then reads the horizon; maintenance holds it exclusively while it raises the horizon and
+drops partitions. (An advisory lock, not ``SELECT … FOR SHARE``: that would write the window's row,
+and make a MultiXact of it, on every batch.)
 """
 
 import re
@@ -25,7 +27,8 @@ from kdg.settings import TableName
 DAY_MS = 86_400_000
 MIN_WIDTH_MS = 100
 _V7 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")
-_LOCK = 0x6B646777  # "kdgw": one maintainer at a time per database
+_LOCK = 0x6B646777  # "kdgw": one maintainer at a time per window
+_HORIZON = 0x6B646768  # "kdgh": claiming transactions (shared) against maintenance (exclusive), per window
 
 
 def key_ms(key: str) -> int | None:
@@ -117,8 +120,9 @@ async def ensure_parts(conn, window: Window, times) -> None:
 
 async def hold_horizon(conn, window: Window) -> None:
     """Inside a claiming transaction: read the horizon, holding it until commit (maintenance waits)."""
-    horizon = await conn.fetchval("SELECT horizon_ms FROM kdg_windows WHERE relation = $1 FOR SHARE",
-                                  window.relation)
+    await conn.execute("SELECT pg_advisory_xact_lock_shared($1, hashtext($2))", _HORIZON, window.relation)
+    # a statement of its own, so its snapshot is taken after the lock: it sees what maintenance committed
+    horizon = await conn.fetchval("SELECT horizon_ms FROM kdg_windows WHERE relation = $1", window.relation)
     if horizon != window.horizon_ms:
         window.horizon_ms = horizon
         window.parts = [(lo, hi) for lo, hi in window.parts if horizon is None or hi > horizon]
@@ -186,9 +190,9 @@ class WindowsMixin:
         return done
 
     async def _expire(self, window: Window, at: int, report: Maintained) -> None:
-        await self.conn.execute("SELECT 1 FROM kdg_windows WHERE relation = $1 FOR UPDATE", window.relation)
         if window.retention_ms is None:
             return
+        await self.conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _HORIZON, window.relation)
         cut = at - window.retention_ms
         expired = await self.conn.fetch(
             "SELECT part, hi_ms FROM kdg_window_parts WHERE relation = $1 AND hi_ms <= $2 ORDER BY lo_ms",
