@@ -6,7 +6,7 @@ pre-filled with 0, 10 million and 50 million claims, into the generic sink and i
 For each fill level and sink: --repeat runs, each of a fresh topic of --records records of 100 B (produced
 exactly-once, outside the measurement) into the same table, whose claim table (``kdg_dedup_<n>``) holds
 the pre-filled claims: UUIDv7 keys whose times are spread over the table's 7-day window, so they sit in
-its ~8 partitions as a week of traffic would. The table's rows are truncated between runs (its claims are
+its ~8 partitions as a week of traffic would (inserted in time order, as traffic arrives). The table's rows are truncated between runs (its claims are
 not). Reported: rows/s (median), the ratio to the empty case, the consumer's CPU-s per million rows, and
 bytes per claim (the claim table's partitions, heap and indexes, over its claims).
 
@@ -88,10 +88,13 @@ def fill(dsn: str, relation: str, identity: str, upto: int, have: int) -> int:
     now = int(time.time() * 1000)
     for t in range(now - WEEK_MS, now + 1, 3_600_000):  # every partition the week needs, made once
         sql(dsn, "SELECT kdg_window_part($1, $2)", relation, t)
+    start = have
     while have < upto:
         n = min(CHUNK, upto - have)
         started = time.monotonic()
-        key = V7.format(ms=f"{now - WEEK_MS} + (i * 7919 % {WEEK_MS})", i="i", salt=relation)
+        # in time order, as traffic arrives: each fill spreads its claims evenly over the week
+        key = V7.format(ms=f"{now - WEEK_MS} + ((i - {start}) * {WEEK_MS} / {upto - start})::bigint", i="i",
+                        salt=relation)
         sql(dsn, f"""INSERT INTO {relation} (sink_table, idempotency_key, key_ms, topic, "partition", "offset")
                      SELECT $1, {V7_TEXT}, ('x' || t)::bit(48)::bigint, 'prefill', 0, i
                      FROM (SELECT i, {key} FROM generate_series($2::bigint, $3::bigint) AS i) g""",
@@ -124,7 +127,7 @@ def key_types(dsn: str, existing: int) -> list[dict]:
         insert = f"""INSERT INTO {name} SELECT 'public.bench', ({V7_TEXT})::{kind}, ('x' || t)::bit(48)::bigint,
                      'prefill', 0, i FROM (SELECT i, {{key}} FROM generate_series($1::bigint, $2::bigint) AS i) g"""
         for lo in range(0, existing, CHUNK):
-            key = V7.format(ms=f"{now - WEEK_MS} + (i * 7919 % {WEEK_MS})", i="i", salt=kind)
+            key = V7.format(ms=f"{now - WEEK_MS} + (i * {WEEK_MS} / {existing})::bigint", i="i", salt=kind)
             sql(dsn, insert.format(key=key), lo, min(existing, lo + CHUNK) - 1)
         sql(dsn, f"VACUUM ANALYZE {name}")
         size = sql(dsn, f"SELECT pg_total_relation_size('{name}_p') AS b")[0]["b"]
