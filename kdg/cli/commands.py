@@ -194,8 +194,7 @@ def consume(
                           create_table=create_table)  # a bad mapping is refused before anything is read
     table = typed.table.text if typed is not None else table_name(table or "kdg_events").text
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
-    if dedup_retention is not None:
-        parse_retention(dedup_retention)  # a malformed one is refused before anything is read
+    _check_dedup_retention(dedup_retention, guarantee, sink)
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
     req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
                          sink=sink, table=table, mapping=typed, fmt=fmt, id_from=id_from, count=count,
@@ -258,6 +257,7 @@ def spark_replay(
 
     typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
                           create_table=create_table)
+    _check_dedup_retention(dedup_retention, guarantee)
     bar, tasks_done = _progress("spark tasks", None, not as_json)
     req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile), group=group,
                         start=start, end=end, table=table or "kdg_events", mapping=typed, master=master,
@@ -272,6 +272,18 @@ def spark_replay(
     else:
         rows = {k: v for k, v in report.to_dict().items() if k != "partitions"}
         console.print(key_value_table(f"spark-replay {topic} → {report.table} ({report.guarantee})", rows))
+
+
+def _check_dedup_retention(asked: str | None, guarantee: str, sink: str = "postgres") -> None:
+    """``--dedup-retention`` is for exactly-once into Postgres, the only writer that claims keys."""
+    from kdg.guarantees import policy_for
+
+    if asked is None:
+        return
+    parse_retention(asked)  # a malformed one is refused before anything is read
+    if not policy_for(guarantee).dedup or sink != "postgres":
+        raise UsageError(f"--dedup-retention keeps exactly-once claims in Postgres; -g {guarantee} into {sink} makes "
+                         "none")
 
 
 def _moment(text: str | None, option: str):

@@ -76,13 +76,13 @@ def maintain(
     for change in report.changed:
         console.print(change)
     shown = Table(title=f"kdg state windows — {report.dsn}", title_justify="left")
-    for col in ("state", "of", "retention", "partitions", "dropped now", "horizon (UTC)", "size"):
+    for col in ("claims of / ledger", "kept for", "partitions", "dropped now", "forgotten before (UTC)", "size"):
         shown.add_column(col)
     for m in report.windows:
-        shown.add_row(m.relation, m.sink_table or "producer ledger", show(m.retention_ms), str(m.kept), str(m.dropped),
+        shown.add_row(m.sink_table or "producer ledger", show(m.retention_ms), str(m.kept), str(m.dropped),
                       _utc(m.horizon_ms), f"{m.bytes / 1e6:.1f} MB", style="warn" if m.skipped else None)
         if m.skipped:
-            shown.add_row("", f"skipped: {m.skipped}", "", "", "", "", "")
+            shown.add_row(f"  skipped: {m.skipped}", "", "", "", "", "")
     console.print(shown)
 
 
