@@ -107,10 +107,22 @@ async def claim_window(conn, table: TableName) -> Window:
     return _window(await conn.fetchrow(_WINDOW, relation))
 
 
-async def ensure_parts(conn, window: Window, times) -> None:
+async def ensure_parts(conn, window: Window, times: list[int]) -> None:
     """Make sure a partition exists for each of ``times`` at or above the horizon (``window.parts`` updated)."""
+    if not times:
+        return
+    first, last = min(times), max(times)
+    if any(lo <= first and last < hi for lo, hi in window.parts):
+        return  # the common case, a batch of keys from one partition: no per-key work
+    lo = hi = 0
     for t in sorted(set(times)):
-        if window.covers(t) or (window.horizon_ms is not None and t < window.horizon_ms):
+        if lo <= t < hi:
+            continue  # in the partition found for the time before
+        found = next(((a, b) for a, b in window.parts if a <= t < b), None)
+        if found is not None:
+            lo, hi = found
+            continue
+        if window.horizon_ms is not None and t < window.horizon_ms:
             continue
         name = await conn.fetchval("SELECT kdg_window_part($1, $2)", window.relation, t)
         if name is not None:
