@@ -6,6 +6,7 @@ the windows and partitions themselves are :mod:`kdg.store.windows`'s.
 
 from dataclasses import asdict, dataclass, field
 
+from kdg.errors import UsageError
 from kdg.retention import parse_retention, show
 from kdg.settings import redact_dsn
 
@@ -29,7 +30,13 @@ def run_maintenance(dsn: str, *, table: str | None = None, dedup_retention: str 
     report = MaintenanceReport(redact_dsn(dsn))
     with Store(dsn) as store:
         if table is not None:
-            window = store.claim_window(store.resolve_table(table))
+            identity = store.resolve_table(table)
+            known = store.fetchval("SELECT to_regclass($1) IS NOT NULL OR EXISTS (SELECT 1 FROM kdg_windows "
+                                   "WHERE sink_table = $2)", identity.sql, identity.text)
+            if not known:  # a typo would otherwise get a claim table of its own
+                raise UsageError(f"--table {table}: no table {identity.text} in {report.dsn}, and no claims kept "
+                                 "for one")
+            window = store.claim_window(identity)
             report.changed.append(_change(store, window, dedup_ms, f"claims of {window.sink_table}"))
         if ledger_retention is not None:
             report.changed.append(_change(store, store.ledger_window(), ledger_ms, "the producer ledger"))

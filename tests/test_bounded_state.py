@@ -80,7 +80,10 @@ def test_a_duplicate_is_dropped_inside_the_window_and_written_outside_it(kdg, co
     kdg("produce", topic, "-g", "exactly-once", "--format", "json", "-f", envelopes)
     first = as_json(kdg(*consume, "--dedup-retention", "10m"))
     assert (first["consumed"], first["processed"], first["outside_dedup_window"]) == (10, 10, 0), first
+    typo = kdg("db", "maintain", "--table", f"{table}_typo", "--dedup-retention", "1d", check=False)
+    assert typo.returncode == 2 and "no claims kept" in typo.stderr, typo.stderr  # and no claim table made for it
     maintained = as_json(kdg("db", "maintain", "--json"))  # drops the hour-old partition of the table's claims
+    assert f"public.{table}_typo" not in {w["sink_table"] for w in maintained["windows"]}
     mine = next(w for w in maintained["windows"] if w["sink_table"] == f"public.{table}")
     assert mine["dropped"] >= 1 and mine["horizon_ms"] is not None, mine
     kdg("produce", topic, "-g", "exactly-once", "--format", "json", "-f", envelopes)
