@@ -16,6 +16,7 @@ from kdg.keys import KeyResolver
 from kdg.mapping import Mapping
 from kdg.offsets import OffsetProtocol, TopicEnd
 from kdg.records import Record
+from kdg.retention import check_dedup_retention
 from kdg.settings import Connection
 from kdg.sinks import Batch, parse_sink
 from kdg.sinks.dead_letters import DeadLetterQueue
@@ -158,6 +159,7 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
                          "consumer crashes before its offsets commit. Use --sink postgres or kafka:TOPIC.")
     if req.mapping is not None and kind != "postgres":
         raise UsageError(f"--column and --mapping write a Postgres table; they cannot go with --sink {req.sink}")
+    check_dedup_retention(req.dedup_retention, policy, kind)
     start = StartOffset(req.start)
     resolver = KeyResolver(req.id_from)
     bootstrap, extra = req.conn.bootstrap_servers, req.conn.extra

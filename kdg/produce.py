@@ -11,6 +11,7 @@ from kdg.guarantees import policy_for
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.producer import DeliveryReports, KdgProducer
 from kdg.records import ID_HEADER, SEQ_HEADER, Record, id_maker
+from kdg.retention import parse_retention
 from kdg.settings import Connection
 
 if TYPE_CHECKING:
@@ -144,6 +145,8 @@ def _stamp(rec: Record, seq: int, make_id) -> tuple[str, int]:
 
 def run_produce(req: ProduceRequest) -> ProduceReport:
     policy = policy_for(req.guarantee)
+    if req.ledger_retention is not None:
+        parse_retention(req.ledger_retention, "--ledger-retention")  # malformed: refused before anything is sent
     run_id = uuid.uuid4()
     report = ProduceReport(guarantee=policy.guarantee.value, topic=req.topic, run_id=str(run_id))
     txn_id = req.transactional_id or f"kdg-produce-{req.topic}"

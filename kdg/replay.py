@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Callable
 
 from kdg.errors import ConnectionFailed, DeliveryError, KdgError, UsageError
 from kdg.guarantees import CommitMode, policy_for
+from kdg.retention import check_dedup_retention
 from kdg.settings import Connection, table_name
 from kdg.spark.ranges import Ranges, parse_bound, resolve_range
 
@@ -76,6 +77,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
 
     policy = policy_for(req.guarantee)
     table_name(req.mapping.table if req.mapping is not None else req.table)  # a malformed name: refused first
+    check_dedup_retention(req.dedup_retention, policy, "postgres")
     id_kind, id_arg = _id_from(req.id_from)
     if not req.group.strip():
         raise UsageError("--group must not be empty")

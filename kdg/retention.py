@@ -44,6 +44,17 @@ def show(ms: int | None) -> str:
     return f"{ms}ms"
 
 
+def check_dedup_retention(asked: str | None, policy, sink_kind: str) -> None:
+    """``--dedup-retention`` is for exactly-once into Postgres, the only writer that claims keys; refused
+    (malformed, or where nothing claims) before anything is read."""
+    if asked is None:
+        return
+    parse_retention(asked)
+    if not policy.dedup or sink_kind != "postgres":
+        raise UsageError(f"--dedup-retention keeps exactly-once claims in Postgres; -g {policy.guarantee.value} "
+                         f"into {sink_kind} makes none")
+
+
 @dataclass(frozen=True)
 class TopicLifetime:
     """How long ``topic`` keeps a record readable: ``ms`` (None: for ever) and why."""

@@ -10,7 +10,6 @@ from kdg.cli.options import (Bootstrap, Columns, CreateTable, DedupRetention, Js
                              PgDsn, Profile, Properties)
 from kdg.cli.render import console, err_console, key_value_table, print_json
 from kdg.errors import CheckFailed, UsageError
-from kdg.retention import parse_retention
 
 GuaranteeOpt = Annotated[str, typer.Option(
     "--guarantee", "-g", help="at-most-once | at-least-once | exactly-once (see `kdg policy`).")]
@@ -124,8 +123,6 @@ def produce(
         if file is not None:
             sources.validate_file(file, reader)  # a bad line is reported before anything is sent
         records = reader(file, opts)
-    if ledger_retention is not None:
-        parse_retention(ledger_retention, "--ledger-retention")  # a malformed one is refused before anything is sent
     bar, progress = _progress(f"producing to {topic}", count, not as_json)
     req = ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=_conn(bootstrap, pg_dsn, props, profile),
                          ledger=not no_ledger, ledger_retention=ledger_retention, id_template=id_template, txn_size=txn_size,
@@ -194,7 +191,6 @@ def consume(
                           create_table=create_table)  # a bad mapping is refused before anything is read
     table = typed.table.text if typed is not None else table_name(table or "kdg_events").text
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
-    _check_dedup_retention(dedup_retention, guarantee, sink)
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
     req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
                          sink=sink, table=table, mapping=typed, fmt=fmt, id_from=id_from, count=count,
@@ -257,7 +253,6 @@ def spark_replay(
 
     typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
                           create_table=create_table)
-    _check_dedup_retention(dedup_retention, guarantee)
     bar, tasks_done = _progress("spark tasks", None, not as_json)
     req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile), group=group,
                         start=start, end=end, table=table or "kdg_events", mapping=typed, master=master,
@@ -272,18 +267,6 @@ def spark_replay(
     else:
         rows = {k: v for k, v in report.to_dict().items() if k != "partitions"}
         console.print(key_value_table(f"spark-replay {topic} → {report.table} ({report.guarantee})", rows))
-
-
-def _check_dedup_retention(asked: str | None, guarantee: str, sink: str = "postgres") -> None:
-    """``--dedup-retention`` is for exactly-once into Postgres, the only writer that claims keys."""
-    from kdg.guarantees import policy_for
-
-    if asked is None:
-        return
-    parse_retention(asked)  # a malformed one is refused before anything is read
-    if not policy_for(guarantee).dedup or sink != "postgres":
-        raise UsageError(f"--dedup-retention keeps exactly-once claims in Postgres; -g {guarantee} into {sink} makes "
-                         "none")
 
 
 def _moment(text: str | None, option: str):
