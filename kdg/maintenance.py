@@ -40,7 +40,7 @@ def run_maintenance(dsn: str, *, table: str | None = None, dedup_retention: str 
             report.changed.append(_change(store, window, dedup_ms, f"claims of {window.sink_table}"))
         if ledger_retention is not None:
             report.changed.append(_change(store, store.ledger_window(), ledger_ms, "the producer ledger"))
-        report.windows = store.maintain()
+        report.windows = store.maintain(sizes=True)
     return report
 
 

@@ -63,9 +63,6 @@ class Window:
     horizon_ms: int | None
     parts: list[tuple[int, int]] = field(default_factory=list)   # [lo, hi) of each partition, as last read
 
-    def covers(self, t: int) -> bool:
-        return any(lo <= t < hi for lo, hi in self.parts)
-
     def to_dict(self) -> dict:
         return asdict(self) | {"parts": len(self.parts)}
 
@@ -97,8 +94,11 @@ def _window(row) -> Window:
                   row["horizon_ms"], [(lo, hi) for lo, hi in row["parts"]])
 
 
-async def _windows(conn) -> list[Window]:
-    return [_window(r) for r in await conn.fetch(_WINDOW.replace("WHERE w.relation = $1", "") + " ORDER BY 1")]
+async def _windows(conn, relations: list[str] | None = None) -> list[Window]:
+    """Every window, or those of ``relations``."""
+    rows = await conn.fetch(_WINDOW.replace("w.relation = $1", "($1::text[] IS NULL OR w.relation = ANY($1))")
+                            + " ORDER BY 1", relations)
+    return [_window(r) for r in rows]
 
 
 async def claim_window(conn, table: TableName) -> Window:
@@ -151,9 +151,6 @@ class WindowsMixin:
     def ledger_window(self) -> Window:
         return _window(self._run(self.conn.fetchrow(_WINDOW, "kdg_ledger")))
 
-    def windows(self) -> list[Window]:
-        return self._run(_windows(self.conn))
-
     def set_retention(self, window: Window, retention_ms: int | None, source: str) -> None:
         """Keep ``window``'s state for ``retention_ms`` (None: for ever); ``source`` says who chose it."""
         width = width_for(retention_ms)
@@ -162,25 +159,19 @@ class WindowsMixin:
                WHERE relation = $1""", window.relation, retention_ms, source, width))
         window.retention_ms, window.retention_from, window.width_ms = retention_ms, source, width
 
-    def ensure_current(self, window: Window, at_ms: int | None = None) -> None:
-        """Partitions for now and the next width (the ledger's rows, and claims of keys without a time)."""
-        t = now_ms() if at_ms is None else at_ms
-        self._run(ensure_parts(self.conn, window, (t, t + window.width_ms)))
-
     def maintain(self, *, at_ms: int | None = None, lock_timeout_s: float = 2.0,
-                 relations: list[str] | None = None) -> list[Maintained]:
+                 relations: list[str] | None = None, sizes: bool = False) -> list[Maintained]:
         """One maintenance pass over every window (or ``relations``): expired partitions dropped, the
         horizon raised, partitions made ahead. Skipped, with the reason, where another process is
-        maintaining or a partition's lock is not granted within ``lock_timeout_s`` (a long audit)."""
-        return self._run(self._maintain(now_ms() if at_ms is None else at_ms, lock_timeout_s, relations))
+        maintaining or a partition's lock is not granted within ``lock_timeout_s`` (a long audit). ``sizes``:
+        also each window's bytes on disk (for people; a consumer's pass does not need them)."""
+        return self._run(self._maintain(now_ms() if at_ms is None else at_ms, lock_timeout_s, relations, sizes))
 
-    async def _maintain(self, at: int, lock_timeout_s: float, relations) -> list[Maintained]:
+    async def _maintain(self, at: int, lock_timeout_s: float, relations, sizes: bool) -> list[Maintained]:
         import asyncpg
 
         done = []
-        for window in await _windows(self.conn):
-            if relations is not None and window.relation not in relations:
-                continue
+        for window in await _windows(self.conn, relations):
             report = Maintained(window.relation, window.sink_table, window.retention_ms, window.width_ms,
                                 horizon_ms=window.horizon_ms)
             done.append(report)
@@ -196,9 +187,10 @@ class WindowsMixin:
                 report.skipped = f"a lock was not granted within {lock_timeout_s:g} s (a long read?); next time"
             await ensure_parts(self.conn, window, (at, at + window.width_ms))
             report.kept = len(window.parts)
-            report.bytes = await self.conn.fetchval(
-                "SELECT coalesce(sum(pg_total_relation_size(part::regclass)), 0)::bigint FROM kdg_window_parts "
-                "WHERE relation = $1", window.relation)
+            if sizes:
+                report.bytes = await self.conn.fetchval(
+                    "SELECT coalesce(sum(pg_total_relation_size(part::regclass)), 0)::bigint FROM kdg_window_parts "
+                    "WHERE relation = $1", window.relation)
         return done
 
     async def _expire(self, window: Window, at: int, report: Maintained) -> None:
