@@ -211,6 +211,8 @@ def _loop(req, policy, resolver, consumer, offsets, sink, end, report) -> None:
             if msgs:
                 last_data = time.monotonic()
                 _handle(msgs, req, policy, resolver, offsets, sink, report)
+            for skipped in sink.maintain_if_due():  # busy or idle: claims expire either way
+                req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
             stop = _stop_reason(req, msgs, end, report, last_data, sink.records_in_flight)
             if stop and sink.records_in_flight:  # decide on what is written, not on what is being written
                 _settle(sink.drain(), req, offsets, sink, report)
@@ -243,8 +245,6 @@ def _handle(msgs, req, policy, resolver, offsets, sink, report) -> None:
         report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
         return
     _settle(sink.submit(batch, atomic=offsets.atomic), req, offsets, sink, report)
-    for skipped in getattr(sink, "maintain_if_due", lambda: [])():
-        req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
 
 
 def _settle(outcomes, req, offsets, sink, report) -> None:

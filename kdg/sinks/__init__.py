@@ -97,5 +97,10 @@ class Sink:
         """Whether a failed write means the sink's server went away (wait for it) rather than refused something."""
         return False
 
+    def maintain_if_due(self) -> list:
+        """Look after the sink's own state if it is time (the Postgres sink drops expired claims); the
+        passes that were skipped, and why."""
+        return []
+
     def close(self) -> None:
         pass
