@@ -47,7 +47,7 @@ def test_a_consume_across_partition_drops_stays_exactly_once(kdg, conn, topic):
                                 stderr=subprocess.PIPE, text=True)
     try:
         report = as_json(kdg("consume", topic, "-G", f"g-{topic}", "-g", "exactly-once", "--table", table,
-                             "--dedup-retention", "1s", "--idle-timeout", "3", "--json"))
+                             "--dedup-retention", "1s", "-c", "4000", "--idle-timeout", "60", "--json"))
     finally:
         out, err = producer.communicate(timeout=60)
     assert producer.returncode == 0, err
