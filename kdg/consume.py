@@ -194,8 +194,8 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
         report.never_assigned = sorted(set(partitions) - consumer.ever_assigned)
         consumer.close()
         if sink is not None:
-            report.outside_dedup_window = getattr(sink, "unclaimed", lambda: 0)()
-            report.claim_partitions_dropped = getattr(sink, "partitions_dropped", 0)
+            report.outside_dedup_window = sink.unclaimed()
+            report.claim_partitions_dropped = sink.partitions_dropped
             sink.close()
     return report
 

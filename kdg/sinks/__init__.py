@@ -72,6 +72,7 @@ class Sink:
     atomic_offsets = False  # results and offsets can commit in one transaction
     keeps_offsets = False   # ... and then the offsets live in the sink, not in Kafka
     records_in_flight = 0   # submitted, outcome not handed back yet
+    partitions_dropped = 0  # expired claim partitions its maintenance dropped (the Postgres sink)
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
         raise NotImplementedError
@@ -101,6 +102,10 @@ class Sink:
         """Look after the sink's own state if it is time (the Postgres sink drops expired claims); the
         passes that were skipped, and why."""
         return []
+
+    def unclaimed(self) -> int:
+        """Rows written without a claim, their keys older than the table's window (the Postgres sink)."""
+        return 0
 
     def close(self) -> None:
         pass
