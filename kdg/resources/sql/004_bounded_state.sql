@@ -138,17 +138,8 @@ DROP TABLE kdg_dedup_v3;
 -- The ledger: from one table to partitions by the time each row was recorded, every row kept.
 ALTER TABLE kdg_ledger RENAME TO kdg_ledger_v3;
 ALTER INDEX kdg_ledger_topic_idx RENAME TO kdg_ledger_v3_topic_idx;
-CREATE TABLE kdg_ledger (
-    run_id          uuid        NOT NULL,
-    idempotency_key text        NOT NULL,
-    topic           text        NOT NULL,
-    seq             bigint      NOT NULL,
-    status          text        NOT NULL CHECK (status IN ('acked', 'failed', 'sent')),
-    "partition"     integer,
-    "offset"        bigint,
-    error           text,
-    recorded_at     timestamptz NOT NULL DEFAULT now()
-) PARTITION BY RANGE (recorded_at);
+-- the same columns, defaults and checks as 001 made (and in the same order: the INSERT below copies by position)
+CREATE TABLE kdg_ledger (LIKE kdg_ledger_v3 INCLUDING DEFAULTS INCLUDING CONSTRAINTS) PARTITION BY RANGE (recorded_at);
 CREATE INDEX kdg_ledger_topic_idx ON kdg_ledger (topic, idempotency_key);
 INSERT INTO kdg_windows (relation, time_column, width_ms) VALUES ('kdg_ledger', 'recorded_at', 86400000);
 
