@@ -48,6 +48,25 @@ def drop_topic(layout, topic: str) -> None:
     admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
 
 
+def sql(dsn: str, *statements: tuple) -> list:
+    """Run each ``(query, *args)`` in order on one connection to ``dsn``; the last one's rows."""
+    import asyncio
+
+    import asyncpg
+
+    async def go():
+        conn = await asyncpg.connect(dsn)
+        try:
+            result = []
+            for query, *args in statements:
+                result = await conn.fetch(query, *args)
+            return result
+        finally:
+            await conn.close()
+
+    return asyncio.run(go())
+
+
 def median(values):
     return round(statistics.median(values), 1)
 

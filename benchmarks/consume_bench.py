@@ -22,7 +22,7 @@ import subprocess
 import sys
 import time
 
-from common import _machine_ticks, drop_topic, fresh_topic, kdg_json, postgres_cpu, run_measured
+from common import _machine_ticks, drop_topic, fresh_topic, kdg_json, postgres_cpu, run_measured, sql
 from measures import BASELINE, Measures, row
 
 from kdg.settings import table_name
@@ -43,21 +43,10 @@ def lists_option(kdg_path: str, command: str, option: str) -> bool:
     return f"{option} " in out.stdout or f"{option}\n" in out.stdout
 
 
-async def sql(dsn: str, *statements: tuple) -> None:
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
-    try:
-        for statement, *args in statements:
-            await conn.execute(statement, *args)
-    finally:
-        await conn.close()
-
-
 def drop_sink(layout, table, group: str) -> None:
-    asyncio.run(sql(layout.pg_dsn, (f"DROP TABLE IF EXISTS {table.sql}",),
-                    ("DELETE FROM kdg_dedup WHERE sink_table = $1", table.text),
-                    ("DELETE FROM kdg_offsets WHERE consumer_group = $1", group)))
+    sql(layout.pg_dsn, (f"DROP TABLE IF EXISTS {table.sql}",),
+        ("DELETE FROM kdg_dedup WHERE sink_table = $1", table.text),
+        ("DELETE FROM kdg_offsets WHERE consumer_group = $1", group))
 
 
 def kdg_consume(layout, topic: str, guarantee: str, kdg_path: str, *extra) -> dict:
@@ -97,8 +86,7 @@ def raw_copy(layout, rows: list[tuple]) -> dict:
         finally:
             await conn.close()
 
-    asyncio.run(sql(layout.pg_dsn, (f"CREATE TABLE {table.sql} (LIKE kdg_events INCLUDING DEFAULTS "
-                                    "INCLUDING INDEXES)",)))
+    sql(layout.pg_dsn, (f"CREATE TABLE {table.sql} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)",))
     try:
         me, ticks, pg_before = resource.getrusage(resource.RUSAGE_SELF), _machine_ticks(), postgres_cpu(layout)
         seconds = asyncio.run(copy())
@@ -106,7 +94,7 @@ def raw_copy(layout, rows: list[tuple]) -> dict:
         time.sleep(0.5)  # as in kdg_consume: the closed connection's backend is reaped first
         pg_after = postgres_cpu(layout)
     finally:
-        asyncio.run(sql(layout.pg_dsn, (f"DROP TABLE IF EXISTS {table.sql}",)))
+        sql(layout.pg_dsn, (f"DROP TABLE IF EXISTS {table.sql}",))
     busy = (ticks_after[0] - ticks[0]) / max(ticks_after[1] - ticks[1], 1) * (os.cpu_count() or 1)
     return {"rate": round(len(rows) / seconds, 1), "records": len(rows),
             "pg_cpu_s": None if pg_before is None else round(pg_after - pg_before, 2),

@@ -18,7 +18,6 @@ Writes benchmarks/results/dedup_bench.json and docs/dedup_bench.png.
 """
 
 import argparse
-import asyncio
 import json
 import os
 import statistics
@@ -26,7 +25,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import drop_topic, fresh_topic, kdg_json, machine, run_measured, stack
+from common import drop_topic, fresh_topic, kdg_json, machine, run_measured, sql, stack
 
 HERE = Path(__file__).resolve().parent
 WEEK_MS = 7 * 86_400_000
@@ -35,20 +34,6 @@ CHUNK = 2_000_000
 V7 = """lpad(to_hex({ms}), 12, '0') AS t, md5({i}::text || '{salt}') AS r"""
 V7_TEXT = """substr(t, 1, 8) || '-' || substr(t, 9, 4) || '-7' || substr(r, 1, 3) || '-8' || substr(r, 4, 3) || '-'
              || substr(r, 7, 12)"""
-
-
-async def _sql(dsn: str, statement: str, *args):
-    import asyncpg
-
-    conn = await asyncpg.connect(dsn)
-    try:
-        return await conn.fetch(statement, *args)
-    finally:
-        await conn.close()
-
-
-def sql(dsn: str, statement: str, *args):
-    return asyncio.run(_sql(dsn, statement, *args))
 
 
 def produce(layout, records: int) -> str:
@@ -76,9 +61,9 @@ TABLES = {"generic": "CREATE TABLE {table} (LIKE kdg_events INCLUDING DEFAULTS I
 
 
 def claim_table(dsn: str, table: str) -> tuple[str, str]:
-    identity = sql(dsn, "SELECT n.nspname || '.' || c.relname AS t FROM pg_class c JOIN pg_namespace n "
-                        "ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)", table)[0]["t"]
-    return sql(dsn, "SELECT kdg_claim_table($1) AS r", identity)[0]["r"], identity
+    identity = sql(dsn, ("SELECT n.nspname || '.' || c.relname AS t FROM pg_class c JOIN pg_namespace n "
+                        "ON n.oid = c.relnamespace WHERE c.oid = to_regclass($1)", table))[0]["t"]
+    return sql(dsn, ("SELECT kdg_claim_table($1) AS r", identity))[0]["r"], identity
 
 
 def fill(dsn: str, relation: str, identity: str, upto: int, have: int) -> int:
@@ -87,7 +72,7 @@ def fill(dsn: str, relation: str, identity: str, upto: int, have: int) -> int:
         return have
     now = int(time.time() * 1000)
     for t in range(now - WEEK_MS, now + 1, 3_600_000):  # every partition the week needs, made once
-        sql(dsn, "SELECT kdg_window_part($1, $2)", relation, t)
+        sql(dsn, ("SELECT kdg_window_part($1, $2)", relation, t))
     start = have
     while have < upto:
         n = min(CHUNK, upto - have)
@@ -95,20 +80,20 @@ def fill(dsn: str, relation: str, identity: str, upto: int, have: int) -> int:
         # in time order, as traffic arrives: each fill spreads its claims evenly over the week
         key = V7.format(ms=f"{now - WEEK_MS} + ((i - {start}) * {WEEK_MS} / {upto - start})::bigint", i="i",
                         salt=relation)
-        sql(dsn, f"""INSERT INTO {relation} (sink_table, idempotency_key, key_ms, topic, "partition", "offset")
+        sql(dsn, (f"""INSERT INTO {relation} (sink_table, idempotency_key, key_ms, topic, "partition", "offset")
                      SELECT $1, {V7_TEXT}, ('x' || t)::bit(48)::bigint, 'prefill', 0, i
                      FROM (SELECT i, {key} FROM generate_series($2::bigint, $3::bigint) AS i) g""",
-            identity, have, have + n - 1)
+            identity, have, have + n - 1))
         have += n
         print(f"  {relation}: {have:,} claims ({n / (time.monotonic() - started):,.0f} claims/s)", file=sys.stderr)
-    sql(dsn, f"VACUUM ANALYZE {relation}")
+    sql(dsn, (f"VACUUM ANALYZE {relation}",))
     return have
 
 
 def bytes_per_claim(dsn: str, relation: str) -> float | None:
-    row = sql(dsn, f"""SELECT (SELECT count(*) FROM {relation}) AS n,
+    row = sql(dsn, (f"""SELECT (SELECT count(*) FROM {relation}) AS n,
                              (SELECT sum(pg_total_relation_size(part::regclass)) FROM kdg_window_parts
-                              WHERE relation = $1)::bigint AS bytes""", relation)[0]
+                              WHERE relation = $1)::bigint AS bytes""", relation))[0]
     return round(row["bytes"] / row["n"], 1) if row["n"] else None
 
 
@@ -117,29 +102,29 @@ def key_types(dsn: str, existing: int) -> list[dict]:
     results = []
     for kind in ("text", "uuid"):
         name = f"kdg_bench_keys_{kind}"
-        sql(dsn, f"DROP TABLE IF EXISTS {name}")
-        sql(dsn, f"""CREATE TABLE {name} (sink_table text NOT NULL, idempotency_key {kind} NOT NULL,
+        sql(dsn, (f"DROP TABLE IF EXISTS {name}",))
+        sql(dsn, (f"""CREATE TABLE {name} (sink_table text NOT NULL, idempotency_key {kind} NOT NULL,
                      key_ms bigint NOT NULL, topic text NOT NULL, "partition" int NOT NULL, "offset" bigint NOT NULL,
                      claimed_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (sink_table, idempotency_key, key_ms))
-                     PARTITION BY RANGE (key_ms)""")
+                     PARTITION BY RANGE (key_ms)""",))
         now = int(time.time() * 1000)
-        sql(dsn, f"CREATE TABLE {name}_p PARTITION OF {name} FOR VALUES FROM ({now - WEEK_MS}) TO ({now + WEEK_MS})")
+        sql(dsn, (f"CREATE TABLE {name}_p PARTITION OF {name} FOR VALUES FROM ({now - WEEK_MS}) TO ({now + WEEK_MS})",))
         insert = f"""INSERT INTO {name} SELECT 'public.bench', ({V7_TEXT})::{kind}, ('x' || t)::bit(48)::bigint,
                      'prefill', 0, i FROM (SELECT i, {{key}} FROM generate_series($1::bigint, $2::bigint) AS i) g"""
         for lo in range(0, existing, CHUNK):
             key = V7.format(ms=f"{now - WEEK_MS} + (i * {WEEK_MS} / {existing})::bigint", i="i", salt=kind)
-            sql(dsn, insert.format(key=key), lo, min(existing, lo + CHUNK) - 1)
-        sql(dsn, f"VACUUM ANALYZE {name}")
-        size = sql(dsn, f"SELECT pg_total_relation_size('{name}_p') AS b")[0]["b"]
+            sql(dsn, (insert.format(key=key), lo, min(existing, lo + CHUNK) - 1))
+        sql(dsn, (f"VACUUM ANALYZE {name}",))
+        size = sql(dsn, (f"SELECT pg_total_relation_size('{name}_p') AS b",))[0]["b"]
         key = V7.format(ms=f"{now} + i % 1000", i="i", salt=kind + "new")
         rates = []
         for r in range(3):
             started = time.monotonic()
-            sql(dsn, insert.format(key=key), 10**10 + r * 500_000, 10**10 + (r + 1) * 500_000 - 1)
+            sql(dsn, (insert.format(key=key), 10**10 + r * 500_000, 10**10 + (r + 1) * 500_000 - 1))
             rates.append(500_000 / (time.monotonic() - started))
         results.append({"key": kind, "existing": existing, "bytes_per_claim": round(size / existing, 1),
                         "insert_500k_claims_per_s": round(statistics.median(rates))})
-        sql(dsn, f"DROP TABLE {name}")
+        sql(dsn, (f"DROP TABLE {name}",))
     return results
 
 
@@ -183,7 +168,7 @@ def main() -> None:
     rows = []
     for sink in args.sinks.split(","):
         table = f"bench_dedup_{sink}_{fresh_topic('t').split('-')[-1]}"
-        sql(dsn, TABLES[sink].format(table=table))
+        sql(dsn, (TABLES[sink].format(table=table),))
         kdg_json(layout, "db", "maintain", "--table", table, "--dedup-retention", "7d")  # makes its claim table
         relation, identity = claim_table(dsn, table)
         try:
@@ -197,7 +182,7 @@ def main() -> None:
                         results.append(consume(layout, topic, table, sink == "typed"))
                     finally:
                         drop_topic(layout, topic)
-                        sql(dsn, f"TRUNCATE {table}")
+                        sql(dsn, (f"TRUNCATE {table}",))
                 have += sum(r["records"] for r in results)
                 row = {"sink": sink, "fill": level, "claims_after": have,
                        "rate": round(statistics.median(r["rate"] for r in results)), "rates": [r["rate"] for r in results],
@@ -207,9 +192,9 @@ def main() -> None:
                 rows.append(row)
                 print(json.dumps(row), file=sys.stderr)
         finally:  # a failed run leaves no bench table behind
-            sql(dsn, f"DROP TABLE {table}")
-            sql(dsn, "DELETE FROM kdg_windows WHERE relation = $1", relation)
-            sql(dsn, f"DROP TABLE {relation}")
+            sql(dsn, (f"DROP TABLE {table}",))
+            sql(dsn, ("DELETE FROM kdg_windows WHERE relation = $1", relation))
+            sql(dsn, (f"DROP TABLE {relation}",))
     keys = key_types(dsn, args.key_types) if args.key_types else []
     for sink in args.sinks.split(","):
         empty = next(r["rate"] for r in rows if r["sink"] == sink and r["fill"] == fills[0])

@@ -50,7 +50,6 @@ needed.
 """
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -61,8 +60,8 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_report import draw_chart, print_latency, print_table  # noqa: E402
-from common import drop_topic, fresh_topic, machine, run_measured, stack  # noqa: E402
-from consume_bench import consume_rows, sql  # noqa: E402
+from common import drop_topic, fresh_topic, machine, run_measured, sql, stack  # noqa: E402
+from consume_bench import consume_rows  # noqa: E402
 from latency_bench import kdg_defaults, latency_part  # noqa: E402
 from measures import BASELINE, Measures, row  # noqa: E402
 
@@ -114,8 +113,8 @@ def kdg_produce(layout, size: int, records: int, guarantee: str, ledger: bool, k
     finally:
         drop_topic(layout, topic)
         if ledger:
-            asyncio.run(sql(layout.pg_dsn, ("DELETE FROM kdg_ledger WHERE topic = $1", topic),
-                            ("DELETE FROM kdg_producer_runs WHERE topic = $1", topic)))
+            sql(layout.pg_dsn, ("DELETE FROM kdg_ledger WHERE topic = $1", topic),
+                ("DELETE FROM kdg_producer_runs WHERE topic = $1", topic))
     report = json.loads(out)
     assert report["sent"] == records and report["failed"] == 0, report
     return {"rate": report["msgs_per_s"], "records": records, "transactions": report["transactions"],

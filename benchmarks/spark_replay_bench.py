@@ -20,7 +20,6 @@ Every Spark job runs in a fresh process, so no JVM is warmer than another. The l
 """
 
 import argparse
-import asyncio
 import json
 import os
 import re
@@ -33,7 +32,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import fresh_topic, kdg_json, machine, median, stack  # noqa: E402
+from common import fresh_topic, kdg_json, machine, median, sql, stack  # noqa: E402
 
 GUARANTEE = "exactly-once"
 KINDS = ("kdg", "naive", "noop", "arrow")
@@ -250,25 +249,8 @@ def run_job(kind: str, topic: str, table: str) -> None:
 
 
 # -- Postgres ----------------------------------------------------------------------------------
-def sql(layout, *statements: tuple) -> list:
-    """Run each ``(query, *args)`` in order on one connection; the last one's rows."""
-    import asyncpg
-
-    async def go():
-        conn = await asyncpg.connect(layout.pg_dsn)
-        try:
-            result = []
-            for query, *args in statements:
-                result = await conn.fetch(query, *args)
-            return result
-        finally:
-            await conn.close()
-
-    return asyncio.run(go())
-
-
 def count_rows(layout, table: str) -> int:
-    return sql(layout, (f"SELECT count(*) AS n FROM {table}",))[0]["n"]
+    return sql(layout.pg_dsn, (f"SELECT count(*) AS n FROM {table}",))[0]["n"]
 
 
 def drop_tables(layout, tables: list[str]) -> None:
@@ -276,7 +258,7 @@ def drop_tables(layout, tables: list[str]) -> None:
     repetition meets the same dedup table."""
     if not tables:
         return
-    sql(layout, *[(f"DROP TABLE IF EXISTS {t}",) for t in tables],
+    sql(layout.pg_dsn, *[(f"DROP TABLE IF EXISTS {t}",) for t in tables],
         ("DELETE FROM kdg_dedup WHERE sink_table = ANY($1::text[])", tables),
         ("DELETE FROM kdg_replays WHERE sink_table = ANY($1::text[])", tables),
         ("DELETE FROM kdg_offsets WHERE consumer_group = ANY($1::text[])", [f"bench-{t}" for t in tables]),
@@ -285,7 +267,7 @@ def drop_tables(layout, tables: list[str]) -> None:
 
 def create_naive_table(layout, table: str) -> None:
     """The same shape as kdg's sink table (kdg's ensure_sink_table), so the comparison is the write path alone."""
-    sql(layout, (f"CREATE TABLE {table} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)",))
+    sql(layout.pg_dsn, (f"CREATE TABLE {table} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)",))
 
 
 # -- the run -----------------------------------------------------------------------------------
@@ -314,7 +296,7 @@ def versions(layout) -> dict:
     pick = lambda prefix: next((j[len(prefix):-4] for j in sorted(jars) if j.startswith(prefix)), "?")  # noqa: E731
     java = subprocess.run(["java", "-version"], capture_output=True, text=True).stderr.splitlines()[0]
     return {"spark": pyspark.__version__, "kafka_brokers": kafka_version(),
-            "spark_kafka_clients": pick("kafka-clients-"), "postgres": sql(layout, ("SHOW server_version",))[0][0],
+            "spark_kafka_clients": pick("kafka-clients-"), "postgres": sql(layout.pg_dsn, ("SHOW server_version",))[0][0],
             "pgjdbc": pick("postgresql-"), "java": java}
 
 

@@ -32,7 +32,7 @@ from decimal import Decimal
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fresh_topic, machine, stack  # noqa: E402
+from common import fresh_topic, machine, sql, stack  # noqa: E402
 
 COLUMNS = [("order_id", "bigint", "json:id"), ("customer", "text", "json:/customer/name"),
            ("amount", "numeric(12,2)", "json:amount"), ("placed_at", "timestamptz", "json:placed_at"),
@@ -70,20 +70,6 @@ def produce(layout, records: int) -> str:
     if producer.flush(120):
         raise SystemExit("the benchmark's records were not all acknowledged")
     return topic
-
-
-def sql(dsn: str, *statements: str) -> None:
-    async def go():
-        import asyncpg
-
-        conn = await asyncpg.connect(dsn)
-        try:
-            for s in statements:
-                await conn.execute(s)
-        finally:
-            await conn.close()
-
-    asyncio.run(go())
 
 
 def postgres_cpu(layout) -> float:
@@ -168,23 +154,23 @@ def main() -> None:
                 if kind == "generic":
                     result = consume(layout, topic, table, [])
                 elif kind == "typed":
-                    sql(dsn, DDL.format(t=table))
+                    sql(dsn, (DDL.format(t=table),))
                     mapping.write_text(f'table = "{table}"\nmode = "upsert"\n[columns]\n' + "".join(
                         f'{c} = {{ type = "{t}", from = "{s}" }}\n' for c, t, s in COLUMNS))
                     result = consume(layout, topic, table, ["--mapping", str(mapping)])
                 else:
-                    sql(dsn, DDL.format(t=table))
+                    sql(dsn, (DDL.format(t=table),))
                     result = raw_copy(layout, table, args.records)
                 if result["rows"] != args.records:
                     raise SystemExit(f"{kind}: {result['rows']} rows, expected {args.records}")
                 runs[kind].append(result)
                 print(f"rep {rep + 1} {kind:8} {result['rows_per_s']:>10,.0f} rows/s  {result}", file=sys.stderr)
-                sql(dsn, f"DROP TABLE {table}", f"DELETE FROM kdg_dedup WHERE sink_table = '{table}'")
+                sql(dsn, (f"DROP TABLE {table}",), ("DELETE FROM kdg_dedup WHERE sink_table = $1", table))
                 tables.remove(table)
     finally:
         mapping.unlink(missing_ok=True)
         for table in tables:
-            sql(dsn, f"DROP TABLE IF EXISTS {table}", f"DELETE FROM kdg_dedup WHERE sink_table = '{table}'")
+            sql(dsn, (f"DROP TABLE IF EXISTS {table}",), ("DELETE FROM kdg_dedup WHERE sink_table = $1", table))
         from confluent_kafka.admin import AdminClient
 
         admin = AdminClient({"bootstrap.servers": layout.bootstrap_servers})  # held until the deletion is done
