@@ -123,27 +123,33 @@ def external_postgres() -> Iterator[str]:
         stop_external_postgres(base)
 
 
-@contextlib.contextmanager
-def fresh_database(dsn: str, name: str) -> Iterator[str]:
-    """A new, empty database ``name`` on ``dsn``'s server, with schema ``app``; its DSN. Dropped on exit."""
+def run_sql(dsn: str, *statements: str) -> None:
+    """Run ``statements`` in order on one connection to ``dsn`` (plain SQL: any schema, or none, of kdg's)."""
     import asyncio
 
     import asyncpg
 
-    async def admin(statement: str, target: str = dsn) -> None:
-        conn = await asyncpg.connect(target)
+    async def run() -> None:
+        conn = await asyncpg.connect(dsn)
         try:
-            await conn.execute(statement)
+            for statement in statements:
+                await conn.execute(statement)
         finally:
             await conn.close()
 
+    asyncio.run(run())
+
+
+@contextlib.contextmanager
+def fresh_database(dsn: str, name: str) -> Iterator[str]:
+    """A new, empty database ``name`` on ``dsn``'s server, with schema ``app``; its DSN. Dropped on exit."""
     fresh = urlunsplit(urlsplit(dsn)._replace(path=f"/{name}"))
-    asyncio.run(admin(f"CREATE DATABASE {name}"))
+    run_sql(dsn, f"CREATE DATABASE {name}")
     try:
-        asyncio.run(admin(f"CREATE SCHEMA {SCHEMA}", fresh))
+        run_sql(fresh, f"CREATE SCHEMA {SCHEMA}")
         yield fresh
     finally:
-        asyncio.run(admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        run_sql(dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 def _stop(bins: Path, data: Path) -> None:

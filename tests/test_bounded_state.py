@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import as_json, audited
-from pg_server import fresh_database
+from pg_server import fresh_database, run_sql
 
 from kdg.records import Uuid7Maker
 from kdg.store.pg import Store
@@ -110,7 +110,7 @@ def test_a_table_consumed_halfway_before_partitioned_claims_is_finished_after(kd
                             "-c", n // 2, "--batch-size", 100, "--json", env=env))
         assert first["consumed"] == n // 2
         # (the old schema: today's Store refuses it, so plain SQL)
-        _sql(dsn, f"""INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
+        run_sql(dsn, f"""INSERT INTO kdg_dedup (sink_table, idempotency_key, topic, "partition", "offset")
                       SELECT 'public.{table}', idempotency_key, topic, "partition", "offset"
                       FROM kdg_dedup ORDER BY idempotency_key LIMIT 10""")
         assert kdg("consume", topic, "-G", "g", "-e", env=env, check=False).returncode == 3  # 'run kdg db migrate'
@@ -139,22 +139,6 @@ def _uuid7_at(template: str, ms: int):
 def _env(conn) -> dict:
     return {**{k: v for k, v in os.environ.items() if k != "KDG_FAULT"}, "KDG_BOOTSTRAP_SERVERS":
             conn.bootstrap_servers, "KDG_PG_DSN": conn.pg_dsn}
-
-
-def _sql(dsn: str, *statements: str) -> None:
-    import asyncio
-
-    import asyncpg
-
-    async def run():
-        c = await asyncpg.connect(dsn)
-        try:
-            for statement in statements:
-                await c.execute(statement)
-        finally:
-            await c.close()
-
-    asyncio.run(run())
 
 
 def _old_kdg(commit: str, stack):
