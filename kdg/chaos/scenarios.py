@@ -11,10 +11,10 @@ import uuid
 from dataclasses import dataclass
 from typing import Callable
 
-from kdg.audit import run_audit
 from kdg.chaos.cell import Cell, finish
-from kdg.errors import StackError, UsageError
-from kdg.records import ID_HEADER
+from kdg.chaos.read_anomaly import read_anomaly
+from kdg.chaos.steps import PARKED_FETCH_EXPIRY_S, audit_topic, last_errors, raw_produce, replicas, say
+from kdg.errors import UsageError
 from kdg.stack import cluster, kafka_node
 from kdg.stack.layout import HOST, StackLayout
 
@@ -25,32 +25,17 @@ class Scenario:
     run: Callable
 
 
-def _say(echo, text: str) -> None:
-    if echo:
-        echo(text)
-
-
-def _audit(cell_or_topic, layout, echo, sink="postgres", table="kdg_events") -> dict:
-    topic = cell_or_topic if isinstance(cell_or_topic, str) else cell_or_topic.topic
-    from kdg.settings import Connection
-
-    report = run_audit(topic, Connection(layout.bootstrap_servers, layout.pg_dsn, layout.admin_properties()), sink=sink, table=table)
-    _say(echo, f"  audit {topic}: acked={report.acked} failed={report.failed} unique={report.processed_unique} "
-               f"lost={report.lost} duplicates={report.duplicates} unexpected={report.unexpected}")
-    return report.to_dict()
-
-
 def _crash_story(layout, echo, guarantee: str, point: str) -> dict:
     cell = Cell(layout, guarantee, "scenario", 1, 2000, "postgres")
-    _say(echo, f"1. produce 2000 records (exactly-once producer, so the topic holds each once) to {cell.topic}")
+    say(echo, f"1. produce 2000 records (exactly-once producer, so the topic holds each once) to {cell.topic}")
     cell.produce(guarantee="exactly-once")
-    _say(echo, f"2. consume under {guarantee}; the consumer is SIGKILLed at '{point}' in its 2nd batch")
+    say(echo, f"2. consume under {guarantee}; the consumer is SIGKILLed at '{point}' in its 2nd batch")
     code, _, _ = finish(cell.consume("-e", env={"KDG_FAULT": f"{point}@2"}))
-    _say(echo, f"   consumer exit status {code} ({'killed' if code == -signal.SIGKILL else 'NOT killed'})")
-    _say(echo, "3. restart the consumer in the same group; it resumes from the committed offsets")
+    say(echo, f"   consumer exit status {code} ({'killed' if code == -signal.SIGKILL else 'NOT killed'})")
+    say(echo, "3. restart the consumer in the same group; it resumes from the committed offsets")
     finish(cell.consume("-e"))
-    _say(echo, "4. audit: the producer ledger against the sink table")
-    return {"killed": code == -signal.SIGKILL, "audit": _audit(cell, layout, echo)}
+    say(echo, "4. audit: the producer ledger against the sink table")
+    return {"killed": code == -signal.SIGKILL, "audit": audit_topic(cell.topic, layout, echo)}
 
 
 def commit_before_processing(layout, echo) -> tuple[bool, str, dict]:
@@ -74,15 +59,15 @@ def ack_lost_duplicate(layout, echo) -> tuple[bool, str, dict]:
         cell = Cell(layout, "at-least-once", "scenario", 1, 1000, "postgres")
         with FaultProxy(layout) as proxy:
             proxy.drop_produce_responses(3)
-            _say(echo, f"1. {producer_guarantee} producer through the fault proxy; the broker's answers to 3 produce "
-                       "requests are dropped on the way back")
+            say(echo, f"1. {producer_guarantee} producer through the fault proxy; the broker's answers to 3 produce "
+                      "requests are dropped on the way back")
             cell.produce("-b", layout.proxy_bootstrap, "-X", "request.timeout.ms=2000", "-X", "socket.timeout.ms=3000",
                          guarantee=producer_guarantee)
-            _say(echo, f"   {proxy.dropped} acknowledgements lost; the producer timed out and sent those batches again")
+            say(echo, f"   {proxy.dropped} acknowledgements lost; the producer timed out and sent those batches again")
             dropped = proxy.dropped
-        _say(echo, "2. consume at-least-once (no consumer-side dedup, so the topic's contents show through)")
+        say(echo, "2. consume at-least-once (no consumer-side dedup, so the topic's contents show through)")
         finish(cell.consume("-e"))
-        out[producer_guarantee] = {"dropped": dropped, "audit": _audit(cell, layout, echo)}
+        out[producer_guarantee] = {"dropped": dropped, "audit": audit_topic(cell.topic, layout, echo)}
     plain, idem = out["at-least-once"], out["exactly-once"]
     ok = plain["dropped"] > 0 and idem["dropped"] > 0 and plain["audit"]["duplicates"] > 0 and \
         idem["audit"]["duplicates"] == 0
@@ -90,99 +75,35 @@ def ack_lost_duplicate(layout, echo) -> tuple[bool, str, dict]:
                 f"the idempotent producer duplicated {idem['audit']['duplicates']}"), out
 
 
-def _raw_produce(layout, topic: str, n: int, acks: str, timeout_ms: int, retries: int | None = None,
-                 bootstrap: str | None = None) -> tuple[int, int]:
-    """Produce ``n`` records with plain acks (not a kdg policy) and write kdg's ledger for them.
-
-    Returns (acknowledged, failed); the failures' error names are kept in ``_last_errors``.
-    """
-    from kdg.kafka.clients import probe_producer
-    from kdg.store.pg import Store
-
-    run_id = uuid.uuid4()
-    rows: list[tuple] = []
-    config = {"acks": acks, "enable.idempotence": False, "message.timeout.ms": timeout_ms, "linger.ms": 5}
-    if retries is not None:
-        config["retries"] = retries
-    producer = probe_producer(bootstrap or layout.bootstrap_servers, **layout.admin_properties(), **config)
-    _last_errors.clear()
-    for seq in range(n):
-        key = f"{topic}-{seq}"
-
-        def done(err, msg, key=key, seq=seq):
-            if err:
-                _last_errors[err.name()] = _last_errors.get(err.name(), 0) + 1
-            rows.append((run_id, key, topic, seq, "failed" if err else "acked", msg.partition(),
-                         None if err else msg.offset(), err.str() if err else None))
-
-        producer.produce(topic, json.dumps({"seq": seq}).encode(), headers=[(ID_HEADER, key.encode())],
-                         on_delivery=done)
-    producer.flush(timeout_ms / 1000 + 10)
-    with Store(layout.pg_dsn) as store:
-        store.copy_ledger(rows)
-    return sum(r[4] == "acked" for r in rows), sum(r[4] == "failed" for r in rows)
-
-
-_last_errors: dict[str, int] = {}
-
-# A follower's fetch waits at the leader up to replica.fetch.wait.max.ms (Kafka's default 500 ms) for
-# new records. A fetch sent just before the follower was paused is still answered, into the paused
-# follower's socket, and would carry the records across; so they are produced once it has expired.
-PARKED_FETCH_EXPIRY_S = 3.0
-
-
-def _replicas(layout, topic: str, until=lambda part: True, what: str = "a leader",
-              timeout: float = 60) -> tuple[int, list[int]]:
-    """Partition 0's leader and followers, once it has a leader and ``until(partition)`` holds.
-
-    Each broker learns of new topics, elections and ISR changes at its own pace, so this asks again.
-    """
-    from confluent_kafka import KafkaException
-
-    from kdg.kafka.admin import admin_client
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            topics = admin_client(layout.bootstrap_servers, layout.admin_properties()).list_topics(topic, timeout=10).topics
-            part = topics[topic].partitions.get(0)
-        except (KafkaException, KeyError):  # no answer (the controllers regain their quorum) or no topic yet
-            part = None
-        if part is not None and part.leader >= 0 and until(part):
-            return part.leader, [r for r in part.replicas if r != part.leader]
-        time.sleep(0.5)
-    raise StackError(f"partition 0 of {topic} did not get {what} within {timeout:.0f}s (a loaded machine?)")
-
-
 def _leader_loss(layout, echo, acks: str) -> dict:
     from kdg.kafka.admin import ensure_topic
 
     topic = f"scenario-acks{acks}-{uuid.uuid4().hex[:6]}"
     ensure_topic(layout.bootstrap_servers, topic, partitions=1, extra=layout.admin_properties())
-    leader, followers = _replicas(layout, topic)
-    _say(echo, f"1. acks={acks}: topic {topic}, leader broker {leader}, followers {followers}")
+    leader, followers = replicas(layout, topic)
+    say(echo, f"1. acks={acks}: topic {topic}, leader broker {leader}, followers {followers}")
     try:
         for f in followers:
             kafka_node.signal(layout, f, signal.SIGSTOP)
-        _say(echo, f"2. followers {followers} paused (SIGSTOP): they stay in the ISR but copy nothing; "
-                   f"{PARKED_FETCH_EXPIRY_S:.0f} s for the fetches they sent before the pause to expire")
+        say(echo, f"2. followers {followers} paused (SIGSTOP): they stay in the ISR but copy nothing; "
+                  f"{PARKED_FETCH_EXPIRY_S:.0f} s for the fetches they sent before the pause to expire")
         time.sleep(PARKED_FETCH_EXPIRY_S)
-        acked, failed = _raw_produce(layout, topic, 200, acks, timeout_ms=8000,
-                                     bootstrap=f"{HOST}:{layout.client_port(leader)}")
-        _say(echo, f"3. produced 200 records to the leader: {acked} acknowledged, {failed} failed")
+        acked, failed = raw_produce(layout, topic, 200, acks, timeout_ms=8000,
+                                    bootstrap=f"{HOST}:{layout.client_port(leader)}")
+        say(echo, f"3. produced 200 records to the leader: {acked} acknowledged, {failed} failed")
         kafka_node.stop(layout, leader, hard=True)
-        _say(echo, f"4. leader {leader} SIGKILLed before any follower copied the records")
+        say(echo, f"4. leader {leader} SIGKILLed before any follower copied the records")
     finally:
         for f in followers:
             kafka_node.signal(layout, f, signal.SIGCONT)
     try:
-        elected, _ = _replicas(layout, topic, lambda part: part.leader != leader, "a new leader", timeout=180)
-        _say(echo, f"5. followers resumed; broker {elected} was elected from the ISR (unclean election stays off)")
+        elected, _ = replicas(layout, topic, lambda part: part.leader != leader, "a new leader", timeout=180)
+        say(echo, f"5. followers resumed; broker {elected} was elected from the ISR (unclean election stays off)")
     finally:
         cluster.start_node(layout, leader)
-    _replicas(layout, topic, lambda part: leader in part.isrs, f"broker {leader} back in its ISR", timeout=120)
-    _say(echo, f"6. broker {leader} restarted, truncated its log to the new leader's and rejoined the ISR")
-    return _audit(topic, layout, echo, sink=f"kafka:{topic}")
+    replicas(layout, topic, lambda part: leader in part.isrs, f"broker {leader} back in its ISR", timeout=120)
+    say(echo, f"6. broker {leader} restarted, truncated its log to the new leader's and rejoined the ISR")
+    return audit_topic(topic, layout, echo, sink=f"kafka:{topic}")
 
 
 def acks1_leader_loss(layout, echo) -> tuple[bool, str, dict]:
@@ -198,19 +119,19 @@ def not_enough_replicas(layout, echo) -> tuple[bool, str, dict]:
 
     topic = f"scenario-minisr-{uuid.uuid4().hex[:6]}"
     ensure_topic(layout.bootstrap_servers, topic, partitions=1, extra=layout.admin_properties())
-    leader, followers = _replicas(layout, topic)
+    leader, followers = replicas(layout, topic)
     for f in followers:
         kafka_node.stop(layout, f)
-    _say(echo, f"1. brokers {followers} stopped: 1 replica left, min.insync.replicas=2")
-    acked_all, failed_all = _raw_produce(layout, topic, 50, "all", timeout_ms=6000, retries=0)
-    errors = dict(_last_errors)
-    _say(echo, f"2. acks=all, no retries: {acked_all} acknowledged, {failed_all} refused with {errors} — "
-               "back-pressure the producer sees, not silent loss")
-    acked_one, failed_one = _raw_produce(layout, topic, 50, "1", timeout_ms=6000)
-    _say(echo, f"3. acks=1: {acked_one} acknowledged by a lone replica — min.insync.replicas only guards acks=all")
+    say(echo, f"1. brokers {followers} stopped: 1 replica left, min.insync.replicas=2")
+    acked_all, failed_all = raw_produce(layout, topic, 50, "all", timeout_ms=6000, retries=0)
+    errors = dict(last_errors)
+    say(echo, f"2. acks=all, no retries: {acked_all} acknowledged, {failed_all} refused with {errors} — "
+              "back-pressure the producer sees, not silent loss")
+    acked_one, failed_one = raw_produce(layout, topic, 50, "1", timeout_ms=6000)
+    say(echo, f"3. acks=1: {acked_one} acknowledged by a lone replica — min.insync.replicas only guards acks=all")
     for f in followers:
         cluster.start_node(layout, f)
-    _say(echo, f"4. brokers {followers} restarted")
+    say(echo, f"4. brokers {followers} restarted")
     out = {"acks_all": {"acked": acked_all, "failed": failed_all, "errors": errors},
            "acks_1": {"acked": acked_one, "failed": failed_one}}
     refused = errors.get("NOT_ENOUGH_REPLICAS", 0) + errors.get("NOT_ENOUGH_REPLICAS_AFTER_APPEND", 0)
@@ -223,7 +144,7 @@ def seed_consumers(layout, echo) -> tuple[bool, str, dict]:
 
     topic = f"scenario-seed-{uuid.uuid4().hex[:6]}"
     ensure_topic(layout.bootstrap_servers, topic, partitions=1, extra=layout.admin_properties())
-    _say(echo, f"1. 1000 JSON messages with an 'idempotency_key' field (no kdg-id header) to {topic}")
+    say(echo, f"1. 1000 JSON messages with an 'idempotency_key' field (no kdg-id header) to {topic}")
     from kdg.kafka.clients import probe_producer
     from kdg.store.pg import Store
 
@@ -244,10 +165,10 @@ def seed_consumers(layout, echo) -> tuple[bool, str, dict]:
         cell = Cell(layout, guarantee, "scenario", 1, 1000, "postgres")
         cell.topic = topic
         args = ["--table", table, "--id-from", "json:idempotency_key", "-e"]
-        _say(echo, f"2. {guarantee} consumer into table {table}, SIGKILLed at '{point}', then restarted")
+        say(echo, f"2. {guarantee} consumer into table {table}, SIGKILLed at '{point}', then restarted")
         finish(cell.consume(*args, env={"KDG_FAULT": f"{point}@2"}))
         finish(cell.consume(*args))
-        out[guarantee] = _audit(topic, layout, echo, table=table)
+        out[guarantee] = audit_topic(topic, layout, echo, table=table)
     ok = out["at-most-once"]["lost"] > 0 and out["at-least-once"]["duplicates"] > 0 and \
         out["exactly-once"]["lost"] == 0 and out["exactly-once"]["duplicates"] == 0
     return ok, ("at-most-once lost {}, at-least-once duplicated {}, exactly-once lost {} and duplicated {}"
@@ -264,6 +185,8 @@ SCENARIOS = {
                                     crash_before_commit),
     "acks1-leader-loss": Scenario("acks=1 loses acknowledged writes when the leader dies before replicating; "
                                   "acks=all does not", acks1_leader_loss),
+    "read-anomaly": Scenario("readers stop at the high watermark: acks=1 records above it are acknowledged, "
+                             "never read, and die with the leader", read_anomaly),
     "not-enough-replicas": Scenario("below min.insync.replicas, acks=all producers are refused, not silently lost",
                                     not_enough_replicas),
     "seed-consumers": Scenario("the first seed's three consumers, the last with a Postgres idempotency key",
@@ -274,7 +197,7 @@ SCENARIOS = {
 def run_scenario(layout: StackLayout, name: str, echo=print) -> dict:
     if name not in SCENARIOS:
         raise UsageError(f"unknown scenario {name!r}; `kdg chaos scenario --list` names them")
-    _say(echo, f"== {name}: {SCENARIOS[name].title}")
+    say(echo, f"== {name}: {SCENARIOS[name].title}")
     ok, ending, details = SCENARIOS[name].run(layout, echo)
-    _say(echo, f"ending: {ending} — {'as the story predicts' if ok else 'NOT as expected'}")
+    say(echo, f"ending: {ending} — {'as the story predicts' if ok else 'NOT as expected'}")
     return {"scenario": name, "as_expected": ok, "ending": ending, "details": details}

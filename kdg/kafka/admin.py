@@ -2,8 +2,8 @@
 
 import time
 
-from confluent_kafka import KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
+from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
 from kdg.errors import ConnectionFailed, DeliveryError, UnknownTopic
 from kdg.kafka.access import check, raise_queued
@@ -140,3 +140,18 @@ def watermarks(bootstrap: str, topic: str, extra: dict | None = None,
                                f"{exc.args[0].str()}") from exc
     finally:
         consumer.close()
+
+
+def high_watermarks(bootstrap: str, topic: str, extra: dict | None = None) -> dict[int, int]:
+    """``{partition: high watermark}``, asked of each partition's leader (ListOffsets, latest, read_uncommitted).
+
+    The high watermark is the end of what any consumer may read: the offset every in-sync replica has
+    reached. Records the leader has and a follower lacks lie at or above it.
+    """
+    admin = admin_client(bootstrap, extra)
+    specs = {TopicPartition(topic, p): OffsetSpec.latest() for p in topic_partitions(bootstrap, topic, extra)}
+    try:
+        futures = admin.list_offsets(specs, isolation_level=IsolationLevel.READ_UNCOMMITTED, request_timeout=15)
+        return {tp.partition: future.result().offset for tp, future in futures.items()}
+    except KafkaException as exc:
+        raise _unreachable(admin, bootstrap, exc, f"listing the offsets of {topic!r}") from None
