@@ -4,8 +4,9 @@ import functools
 import time
 from datetime import datetime, timezone
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
+from kdg.audit_groups import load_positions, standings
 from kdg.errors import ConnectionFailed, UnknownTopic, UsageError
 from kdg.records import ID_HEADER
 from kdg.settings import Connection, table_name
@@ -33,7 +34,8 @@ class AuditReport:
     outside_window: int = 0     # keys left out: their ledger row (or claim) expired, or outside --since/--until
     duplicates_beyond_dedup_window: int = 0  # rows beyond the first of keys older than the table's claim horizon:
                                              # exactly-once could no longer recognise them (kdg policy explains)
-    positions_of: str | None = None  # the group whose stored positions tell lost from pending (None: all is lost)
+    positions_of: str | None = None  # the group whose positions tell lost from pending (several, comma-joined,
+                                     # when they stand alike; None: no group known, all is lost)
     basis: str = "sink rows"    # what the sink's keys were counted from
     since: str | None = None    # --since/--until: only records the producer recorded in [since, until) (UTC)
     until: str | None = None
@@ -49,6 +51,20 @@ class AuditReport:
 
     def to_dict(self) -> dict:
         return asdict(self) | {"balanced": self.balanced}
+
+
+@dataclass
+class GroupAudits:
+    """The audits of one topic, one per consumer group that wrote into a sink split per group."""
+
+    reports: list[AuditReport]
+
+    @property
+    def balanced(self) -> bool:
+        return all(r.balanced for r in self.reports)
+
+    def to_dict(self) -> dict:
+        return {"groups": [r.to_dict() for r in self.reports], "balanced": self.balanced}
 
 
 # Every count is made in Postgres, so an audit of 100M records needs no more client memory than
@@ -232,6 +248,21 @@ def _text(value: bytes | None) -> str | None:
 
 def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: str = "kdg_events",
               group: str | None = None, since: datetime | None = None, until: datetime | None = None) -> AuditReport:
+    """One report: of ``group``, or of the one group that consumed ``topic``; several groups are a usage error."""
+    audits = run_audits(topic, conn, sink=sink, table=table, group=group, since=since, until=until)
+    if len(audits.reports) > 1:
+        raise UsageError(f"{len(audits.reports)} groups wrote {topic!r} into the sink "
+                         f"({', '.join(r.group for r in audits.reports)}): pass the group to audit one")
+    return audits.reports[0]
+
+
+def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: str = "kdg_events",
+               group: str | None = None, since: datetime | None = None, until: datetime | None = None) -> GroupAudits:
+    """Audit ``topic`` against the sink: one report, or one per group when several wrote into a kdg-shaped sink.
+
+    A record missing from the sink is lost only if its group's position passed it, else pending
+    (:mod:`kdg.audit_groups` tells whose positions count; it refuses when it cannot tell).
+    """
     from kdg.store.pg import Store
 
     from kdg.kafka.clients import vet_unguarded
@@ -239,39 +270,48 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
     kind, out_topic = parse_sink(sink)
     spelled = table_name(table)  # a malformed name is refused before anything is read
     vet_unguarded(conn.bootstrap_servers, conn.extra)  # a property the audit's readers refuse, refused up front
-    report = AuditReport(topic=topic, sink=sink, group=group, since=since and since.isoformat(),
-                         until=until and until.isoformat())
+    base = AuditReport(topic=topic, sink=sink, group=group, since=since and since.isoformat(),
+                       until=until and until.isoformat())
     claims_horizon = None
     with Store(conn.pg_dsn) as store:
         ledger_horizon = store.ledger_window().horizon_ms
         if ledger_horizon is not None:
-            report.ledger_horizon = datetime.fromtimestamp(ledger_horizon / 1000, timezone.utc).isoformat()
+            base.ledger_horizon = datetime.fromtimestamp(ledger_horizon / 1000, timezone.utc).isoformat()
         _load_dead_letters(store, conn, topic)
         if kind == "kafka":
             _load_topic_keys(store, "kdg_audit_got", conn, out_topic)
-            got = _GOT_TOPIC
-            report.basis, got_args, kdg_shaped = "output topic", [], False
+            got, sink_arg, rows_table, shown = _GOT_TOPIC, None, None, sink
+            base.basis = "output topic"
         else:
             identity = store.resolve_table(spelled)  # the key its claims were made under
-            got, got_args, kdg_shaped = _sink_keys(store, identity, topic, group, report)
+            got, sink_arg, kdg_shaped = _sink_keys(store, identity, topic, base)
+            rows_table, shown = identity.sql if kdg_shaped else None, identity.text
             claims_horizon = _claims_horizon(store, identity)
-        report.positions_of = group or (_only_group(store, topic, identity.sql, kdg_shaped)
-                                        if kind == "postgres" else None)
-        known = _load_positions(store, conn, topic, report.positions_of)
-        store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int, "
-                      "outside boolean NOT NULL, beyond boolean NOT NULL)")
-        store.execute(_JOIN.format(got=got), topic, known, since, until, ledger_horizon, claims_horizon,
-                      *(got_args or [None]), report.basis == "kdg_dedup claims")
-        for name, value in store.fetch(_TOTALS)[0].items():
-            setattr(report, name, value)
-        report.dead_letter_reasons = {r["reason"]: r["n"] for r in store.fetch(
-            "SELECT reason, count(DISTINCT idempotency_key) + count(*) FILTER (WHERE idempotency_key IS NULL) AS n "
-            "FROM kdg_audit_dead GROUP BY reason ORDER BY n DESC, reason")}
-        report.pending_by_partition = {r["p"]: r["n"] for r in store.fetch(
-            f'SELECT p, count(*) AS n FROM kdg_audit WHERE {_EXAMPLES["pending"]} GROUP BY p ORDER BY p')}
-        report.examples = {name: [r["k"] for r in store.fetch(
-            f'SELECT k FROM kdg_audit WHERE {where} ORDER BY k COLLATE "C" LIMIT {EXAMPLES}')] for name, where in _EXAMPLES.items()}
-    return report
+        reports = []
+        for standing in standings(store, conn, topic, group, rows_table=rows_table, sink=shown):
+            report = replace(base, group=standing.rows_of, positions_of=standing.positions_of)
+            known = load_positions(store, standing.next_offsets)
+            _count(store, report, _JOIN.format(got=got), topic, known, since, until, ledger_horizon, claims_horizon,
+                   standing.rows_of if rows_table is not None else sink_arg, report.basis == "kdg_dedup claims")
+            reports.append(report)
+    return GroupAudits(reports)
+
+
+def _count(store, report: AuditReport, join: str, *args) -> None:
+    """Run ``join`` with ``args`` (:data:`_JOIN`'s $1…$8) into a fresh ``kdg_audit``; fill ``report``'s counts."""
+    store.execute("DROP TABLE IF EXISTS kdg_audit")
+    store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int, "
+                  "outside boolean NOT NULL, beyond boolean NOT NULL)")
+    store.execute(join, *args)
+    for name, value in store.fetch(_TOTALS)[0].items():
+        setattr(report, name, value)
+    report.dead_letter_reasons = {r["reason"]: r["n"] for r in store.fetch(
+        "SELECT reason, count(DISTINCT idempotency_key) + count(*) FILTER (WHERE idempotency_key IS NULL) AS n "
+        "FROM kdg_audit_dead GROUP BY reason ORDER BY n DESC, reason")}
+    report.pending_by_partition = {r["p"]: r["n"] for r in store.fetch(
+        f'SELECT p, count(*) AS n FROM kdg_audit WHERE {_EXAMPLES["pending"]} GROUP BY p ORDER BY p')}
+    report.examples = {name: [r["k"] for r in store.fetch(
+        f'SELECT k FROM kdg_audit WHERE {where} ORDER BY k COLLATE "C" LIMIT {EXAMPLES}')] for name, where in _EXAMPLES.items()}
 
 
 def _claims_horizon(store, table) -> int | None:
@@ -279,8 +319,10 @@ def _claims_horizon(store, table) -> int | None:
     return store.fetchval("SELECT horizon_ms FROM kdg_windows WHERE sink_table = $1", table.text)
 
 
-def _sink_keys(store, table, topic: str, group: str | None, report: AuditReport) -> tuple[str, list, bool]:
-    """How to count the sink's keys: (SQL, its extra arguments, whether the table is shaped like kdg_events).
+def _sink_keys(store, table, topic: str, report: AuditReport) -> tuple[str, str | None, bool]:
+    """How to count the sink's keys: (SQL, its argument $7, whether the table is shaped like kdg_events).
+
+    A kdg-shaped table's $7 is the group whose rows count (the caller's; None: every row).
 
     A user's table (a typed sink) is counted from exactly-once claims in ``kdg_dedup`` when there are
     any, else from its own ``idempotency_key`` column; with neither, it cannot be audited.
@@ -289,60 +331,14 @@ def _sink_keys(store, table, topic: str, group: str | None, report: AuditReport)
         "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
         table.sql)}
     if not columns or _KDG_SHAPE <= columns:  # kdg's shape (or no table: Postgres says so)
-        return _GOT_PG.format(table=table.sql), [group], True
+        return _GOT_PG.format(table=table.sql), None, True
     if store.fetchval("SELECT EXISTS (SELECT 1 FROM kdg_dedup WHERE sink_table = $1 AND topic = $2)",
                       table.text, topic):
         report.basis, report.note = "kdg_dedup claims", CLAIMS_NOTE
-        return _GOT_CLAIMS, [table.text], False
+        return _GOT_CLAIMS, table.text, False
     if "idempotency_key" in columns:
         report.basis, report.note = "idempotency_key column", KEYED_NOTE
-        return _GOT_KEYED.format(table=table.sql, where="topic = $1" if "topic" in columns else "true"), [], False
+        return _GOT_KEYED.format(table=table.sql, where="topic = $1" if "topic" in columns else "true"), None, False
     raise UsageError(f"cannot audit {table.text}: it has no idempotency_key column, and kdg_dedup holds no "
                      f"exactly-once claims for it and topic {topic!r}; at-least-once upserts cannot be told apart. "
                      "Map a column 'idempotency_key text = idempotency_key' to audit it")
-
-
-def _only_group(store, topic: str, table: str, kdg_shaped: bool = True) -> str | None:
-    """The one group that consumed ``topic`` into the sink (or keeps offsets for it); None if several or none."""
-    groups = {r["g"] for r in store.fetch(
-        "SELECT DISTINCT consumer_group AS g FROM kdg_offsets WHERE topic = $1 AND next_offset IS NOT NULL", topic)}
-    if kdg_shaped:
-        groups |= {r["g"] for r in store.fetch(
-            f"SELECT DISTINCT consumer_group AS g FROM {table} WHERE topic = $1", topic)}
-    return groups.pop() if len(groups) == 1 else None
-
-
-def _load_positions(store, conn: Connection, topic: str, group: str | None) -> bool:
-    """The group's next offset per partition into temp table ``kdg_audit_pos``: the furthest of Postgres
-    (``kdg_offsets``) and Kafka (the group's committed offsets). False when no group is known."""
-    store.execute('CREATE TEMP TABLE kdg_audit_pos ("partition" int PRIMARY KEY, next_offset bigint)')
-    if group is None:
-        return False
-    positions = {p: o for p, o in _kafka_committed(conn, topic, group).items() if o is not None}
-    for r in store.fetch('SELECT "partition", next_offset FROM kdg_offsets WHERE consumer_group = $1 AND topic = $2 '
-                         "AND next_offset IS NOT NULL", group, topic):
-        positions[r["partition"]] = max(positions.get(r["partition"], 0), r["next_offset"])
-    store.copy_rows("kdg_audit_pos", sorted(positions.items()), ("partition", "next_offset"))
-    return True
-
-
-def _kafka_committed(conn: Connection, topic: str, group: str) -> dict[int, int | None]:
-    from confluent_kafka import KafkaException
-
-    from kdg.kafka.access import check
-    from kdg.kafka.admin import topic_partitions
-    from kdg.kafka.clients import reader
-    from kdg.kafka.consumer import committed_offsets
-
-    try:
-        partitions = topic_partitions(conn.bootstrap_servers, topic, conn.extra)
-    except UnknownTopic:
-        return {}
-    consumer = reader(conn.bootstrap_servers, conn.extra, group=group)
-    try:
-        return committed_offsets(consumer, topic, partitions)
-    except KafkaException as exc:
-        check(exc.args[0], f"reading group {group!r}'s committed offsets")
-        raise ConnectionFailed(f"cannot read group {group!r}'s committed offsets: {exc.args[0].str()}") from exc
-    finally:
-        consumer.close()

@@ -282,7 +282,9 @@ def _moment(text: str | None, option: str):
 def audit(
     topic: Annotated[str, typer.Argument(help="The topic the producer ledger recorded.")],
     group: Annotated[Optional[str], typer.Option("--group", "-G", help="Only rows this group wrote; its stored "
-                     "positions tell lost from pending [default: the one group that consumed the topic].")] = None,
+                     "positions tell lost from pending. Default: each group that wrote into the sink, audited "
+                     "apart; a sink not split by group (kafka:, a typed table) needs -G when several groups "
+                     "consumed the topic.")] = None,
     sink: Annotated[str, typer.Option(help="postgres, or kafka:OUT_TOPIC to read the output topic.")] = "postgres",
     table: Annotated[str, typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME.")] = "kdg_events",
     since: Annotated[Optional[str], typer.Option(help="Only records the producer recorded from this time on: ISO "
@@ -297,30 +299,38 @@ def audit(
     retention window) are counted apart as outside_window: never lost, never unexpected.
 
     Exit 0 when balanced (pending records are not yet read, not lost), 7 when anything was lost,
-    duplicated or unexpected, 5 when Kafka or Postgres could not be read.
+    duplicated or unexpected (in any group's audit), 5 when Kafka or Postgres could not be read.
     """
-    from kdg.audit import run_audit
+    from kdg.audit import run_audits
     from kdg.settings import table_name
 
     table_name(table)  # NAME or SCHEMA.NAME, refused before anything is read
     since_at, until_at = _moment(since, "--since"), _moment(until, "--until")
     if since_at and until_at and since_at >= until_at:
         raise UsageError(f"--since {since} is not before --until {until}")
-    report = run_audit(topic, _conn(bootstrap, pg_dsn, props, profile), sink=sink, table=table, group=group,
-                       since=since_at, until=until_at)
+    audits = run_audits(topic, _conn(bootstrap, pg_dsn, props, profile), sink=sink, table=table, group=group,
+                        since=since_at, until=until_at)
+    several = len(audits.reports) > 1
     if as_json:
-        print_json(report)
+        print_json(audits if several else audits.reports[0])  # {"groups": [...], "balanced"} only for several
     else:
-        rows = {k: v for k, v in report.to_dict().items() if k not in ("examples", "dead_letter_reasons")}
-        console.print(key_value_table(f"audit {topic} → {sink}", rows))
-        for reason, n in report.dead_letter_reasons.items():
-            console.print(f"dead-lettered {n:>8}  {reason}", markup=False, highlight=False)
-        for kind, ids in report.examples.items():
-            if ids:
-                console.print(f"[warn]{kind}[/warn] e.g. {', '.join(ids)}")
-    if not report.balanced:
-        raise CheckFailed(f"unbalanced: lost {report.lost}, duplicates {report.duplicates}, "
-                          f"unexpected {report.unexpected}")
+        for report in audits.reports:
+            _show_audit(report, f"audit {topic} → {sink}" + (f", group {report.group}" if several else ""))
+    unbalanced = [r for r in audits.reports if not r.balanced]
+    if unbalanced:
+        raise CheckFailed("unbalanced: " + "; ".join(
+            (f"group {r.group}: " if several else "") + f"lost {r.lost}, duplicates {r.duplicates}, "
+            f"unexpected {r.unexpected}" for r in unbalanced))
+
+
+def _show_audit(report, title: str) -> None:
+    rows = {k: v for k, v in report.to_dict().items() if k not in ("examples", "dead_letter_reasons")}
+    console.print(key_value_table(title, rows))
+    for reason, n in report.dead_letter_reasons.items():
+        console.print(f"dead-lettered {n:>8}  {reason}", markup=False, highlight=False)
+    for kind, ids in report.examples.items():
+        if ids:
+            console.print(f"[warn]{kind}[/warn] e.g. {', '.join(ids)}")
 
 
 @app.command()
