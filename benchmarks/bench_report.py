@@ -66,8 +66,8 @@ def print_latency(results: list[dict], defaults: dict) -> None:
 
 
 def _exit_note(r: dict) -> str:
-    """kdg consume is stopped with SIGINT once everything is seen: it should say "interrupted" and exit 0."""
-    if r.get("consumer_exit") == 0 and r.get("consumer_stopped_by") == "interrupted":
+    """kdg consume is stopped with SIGINT once everything is seen: it should say so and exit 0."""
+    if r.get("consumer_exit") == 0 and r.get("consumer_stopped_by") == "SIGINT":
         return ""
     return f"; consumer exited {r.get('consumer_exit')} ({r.get('consumer_stopped_by') or 'no report'})"
 

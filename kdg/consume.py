@@ -13,7 +13,9 @@ from kdg.guarantees import CommitMode, policy_for
 from kdg.kafka.admin import topic_partitions
 from kdg.kafka.consumer import KdgConsumer, StartOffset
 from kdg.keys import KeyResolver
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
 from kdg.mapping import Mapping
+from kdg.metrics import Metrics
 from kdg.offsets import OffsetProtocol, TopicEnd
 from kdg.records import Record
 from kdg.retention import check_dedup_retention
@@ -48,6 +50,10 @@ class ConsumeRequest:
     pipeline: int = 2                 # exactly-once into Postgres: batches written at once, on as many connections
     notice: Callable[[str], None] = lambda text: None  # status lines (Postgres retries)
     dedup_retention: str | None = None  # exactly-once into Postgres: how long claims are kept (kdg.retention)
+    shutdown: Shutdown = field(default_factory=Shutdown)  # requested (a signal): finish, commit, leave, return
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S  # start-up: how long to wait for Kafka and Postgres to come up
+    metrics_port: int | None = None   # serve /metrics, /healthz and /readyz here (0: any free port)
+    metrics_host: str = "0.0.0.0"
 
 
 @dataclass
@@ -160,16 +166,32 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
     if req.mapping is not None and kind != "postgres":
         raise UsageError(f"--column and --mapping write a Postgres table; they cannot go with --sink {req.sink}")
     check_dedup_retention(req.dedup_retention, policy, kind)
+    report = ConsumeReport(policy.guarantee.value, req.group, req.topic, req.sink)
+    with Metrics("consume", policy.guarantee.value, req.metrics_port, req.metrics_host) as metrics:
+        if metrics.enabled:
+            req.notice(f"metrics on http://{req.metrics_host}:{metrics.port}/metrics (and /healthz, /readyz)")
+        try:
+            _consume(req, policy, kind, report, metrics)
+        except StopRequested:
+            report.stopped_by = req.shutdown.signal or "stop requested"  # while waiting for Kafka or Postgres
+    return report
+
+
+def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metrics: Metrics) -> None:
     start = StartOffset(req.start)
     resolver = KeyResolver(req.id_from)
     bootstrap, extra = req.conn.bootstrap_servers, req.conn.extra
-    partitions = topic_partitions(bootstrap, req.topic, extra)  # the topic must exist
-    report = ConsumeReport(policy.guarantee.value, req.group, req.topic, req.sink)
+    metrics.not_ready = "waiting for Kafka"
+    partitions = wait_until_up("Kafka", lambda: topic_partitions(bootstrap, req.topic, extra),  # the topic must exist
+                               req.wait_timeout, req.shutdown, req.notice)
     consumer = KdgConsumer(policy, bootstrap, req.group, extra, start, eof=req.exit_at_end)
     sink = None
     try:
         dlq = DeadLetterQueue(policy, bootstrap, req.topic, extra)
-        sink = _make_sink(req, policy, dlq, consumer)
+        metrics.not_ready = "waiting for Postgres" if kind == "postgres" else "starting"
+        sink = wait_until_up("Postgres", lambda: _make_sink(req, policy, dlq, consumer), req.wait_timeout,
+                             req.shutdown, req.notice)
+        metrics.not_ready = "no partitions assigned"
         if policy.dedup and kind == "postgres":  # claims, kept for the table's window
             from kdg.retention import decide_dedup_window, show
 
@@ -182,47 +204,63 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
         def on_assign(assigned):
             chosen = offsets.assign(assigned)
             faults.reach("during-rebalance")  # partitions taken (fences bumped), not yet fetching
+            metrics.rebalanced(req.topic, "assigned", len(chosen), len(consumer.assigned) + len(chosen))
+            metrics.not_ready = None
             return chosen
 
-        consumer.subscribe(req.topic, on_assign=on_assign, on_revoke=offsets.revoke)
+        def on_revoke(revoked):
+            offsets.revoke(revoked)
+            held = len(consumer.assigned) - len(revoked)
+            metrics.rebalanced(req.topic, "revoked", len(revoked), held)
+            metrics.not_ready = None if held > 0 else "no partitions assigned"
+
+        consumer.subscribe(req.topic, on_assign=on_assign, on_revoke=on_revoke)
         end = TopicEnd(offsets, consumer, bootstrap, extra, req.topic, partitions, policy.isolation_level)
         try:
-            _loop(req, policy, resolver, consumer, offsets, sink, end, report)
+            _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics)
         finally:
             end.close()
     finally:
+        metrics.stopping = True
         report.never_assigned = sorted(set(partitions) - consumer.ever_assigned)
-        consumer.close()
+        consumer.close()  # leaves the group: its partitions move to the others at once
         if sink is not None:
             report.outside_dedup_window = sink.unclaimed()
             report.claim_partitions_dropped = sink.partitions_dropped
             sink.close()
-    return report
 
 
-def _loop(req, policy, resolver, consumer, offsets, sink, end, report) -> None:
+def _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics) -> None:
     started = last_data = time.monotonic()
+    shutdown = req.shutdown
     try:
         while True:
+            if shutdown.requested:  # read between client calls: what is being written ends, and is committed
+                metrics.stopping = True
+                _settle(sink.drain(), req, offsets, sink, report, metrics)
+                report.stopped_by = shutdown.signal or "stop requested"
+                break
+            metrics.turned()
+            if metrics.lag_due():
+                metrics.set_lag(consumer.lags())
             want = req.batch_size
             if req.count is not None:
                 want = min(want, req.count - report.consumed - sink.records_in_flight)
             msgs = consumer.poll_batch(want, req.batch_ms / 1000) if want > 0 else []
             if msgs:
                 last_data = time.monotonic()
-                _handle(msgs, req, policy, resolver, offsets, sink, report)
+                _handle(msgs, req, policy, resolver, offsets, sink, report, metrics)
+            elif sink.records_in_flight:  # idle: account for what finished writing meanwhile
+                _settle(sink.collect(), req, offsets, sink, report, metrics)
             for skipped in sink.maintain_if_due():  # busy or idle: claims expire either way
                 req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
             stop = _stop_reason(req, msgs, end, report, last_data, sink.records_in_flight)
             if stop and sink.records_in_flight:  # decide on what is written, not on what is being written
-                _settle(sink.drain(), req, offsets, sink, report)
+                _settle(sink.drain(), req, offsets, sink, report, metrics)
                 stop = _stop_reason(req, msgs, end, report, last_data, 0)
             if stop:
                 report.stopped_by = stop
                 break
-    except KeyboardInterrupt:
-        report.stopped_by = "interrupted"
-        _settle(sink.drain(), req, offsets, sink, report)  # what is being written ends, and is counted
     finally:
         report.duration_s = round(time.monotonic() - started, 3)
         report.msgs_per_s = round(report.consumed / report.duration_s, 1) if report.duration_s else 0.0
@@ -238,22 +276,25 @@ def _stop_reason(req, msgs, end, report, last_data: float, in_flight: int) -> st
     return None
 
 
-def _handle(msgs, req, policy, resolver, offsets, sink, report) -> None:
+def _handle(msgs, req, policy, resolver, offsets, sink, report, metrics) -> None:
     faults.reach("after-poll-before-process")
     batch = _sort(msgs, resolver, req, must_have_key=policy.dedup)
     if not offsets.before_write(batch):
         report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
+        metrics.dropped(batch, req.topic, "not-held")
         return
-    _settle(sink.submit(batch, atomic=offsets.atomic), req, offsets, sink, report)
+    batch.submitted_at = time.monotonic()
+    _settle(sink.submit(batch, atomic=offsets.atomic), req, offsets, sink, report, metrics)
 
 
-def _settle(outcomes, req, offsets, sink, report) -> None:
+def _settle(outcomes, req, offsets, sink, report, metrics) -> None:
     """Account for batches the sink is done with, oldest first; read again those it could not write."""
     again, outage = [], None
     for done in outcomes:
         batch, result, error = done.batch, done.result, done.error
         if error is None:
             offsets.after_write(batch)
+            metrics.settled(batch, result, req.topic, time.monotonic() - batch.submitted_at)
             report.consumed += len(batch)
             report.batches += 1
             report.processed += len(batch.records) - result.dead_lettered
@@ -268,22 +309,47 @@ def _settle(outcomes, req, offsets, sink, report) -> None:
         else:
             raise error
     if outage is not None:
-        _wait_for_postgres(outage, Batch.earliest(again), req, offsets, sink, report)
+        _wait_for_postgres(outage, Batch.earliest(again), req, offsets, sink, report, metrics)
     elif again:
         offsets.rewind(Batch.earliest(again))
     if outcomes and req.progress:
         req.progress(report.consumed)
 
 
-def _wait_for_postgres(exc, batch, req, offsets, sink, report) -> None:
-    """Postgres went away mid-batch: not the records' fault, so no dead letters — wait, then read on."""
+def _wait_for_postgres(exc, batch, req, offsets, sink, report, metrics) -> None:
+    """Postgres went away mid-batch: not the records' fault, so no dead letters — wait, then read on.
+
+    A stop requested meanwhile ends the wait: the batch is read again on restart (or, committed
+    before processing, lost, as at-most-once allows).
+    """
     req.notice(f"{exc}; reconnecting for up to {req.pg_wait:g} s")
     report.pg_outages += 1
-    waited = sink.reconnect(req.pg_wait, req.notice)
+    metrics.not_ready = "Postgres unreachable"
+    started = time.monotonic()
+
+    def waiting(text: str) -> None:
+        metrics.turned()  # waiting for Postgres is not a hung loop
+        req.notice(text)
+
+    try:
+        waited, back = sink.reconnect(req.pg_wait, waiting, req.shutdown.sleep), True
+    except ConnectionFailed:
+        if not req.shutdown.requested:
+            raise
+        waited, back = time.monotonic() - started, False
     report.pg_outage_s = round(report.pg_outage_s + waited, 3)
+    metrics.outage(waited)
+    if not back:  # stopped while waiting; the loop sees the request next
+        if offsets.mode is CommitMode.BEFORE_PROCESSING:
+            report.lost_in_outages += len(batch.records)
+            metrics.dropped(batch, req.topic, "postgres-outage")
+        req.notice(f"stopped while waiting for Postgres ({waited:.1f} s): the batch in flight was not written")
+        return
+    metrics.not_ready = None if offsets.consumer.assigned else "no partitions assigned"
     again = offsets.resume_after_outage(batch)
     if not again:
         report.lost_in_outages += len(batch.records)
+        metrics.dropped(batch, req.topic, "postgres-outage")
     req.notice(f"Postgres is back after {waited:.1f} s; " + (
         "reading on from the stored offsets" if again else
         f"{len(batch.records)} records of the batch in flight are not written (their offsets were committed first)"))

@@ -45,14 +45,20 @@ class ConnectionFailed(KdgError):
     """Kafka or Postgres could not be reached."""
 
     exit_code = 5
+    retriable = True  # a server not up yet may come up: start-up waits for it (kdg.lifecycle.wait_until_up)
 
 
 class AuthenticationFailed(ConnectionFailed):
-    """Kafka refused our SASL login (user, password, mechanism), or TLS refused its certificate or ours."""
+    """Kafka refused our SASL login (user, password, mechanism), TLS refused its certificate or ours, or
+    Postgres refused our role or password."""
+
+    retriable = False
 
 
 class AccessDenied(ConnectionFailed):
     """An ACL denies the configured user an operation on a topic, group, transactional id or the cluster."""
+
+    retriable = False
 
 
 class DeliveryError(KdgError):
@@ -63,6 +69,14 @@ class DeliveryError(KdgError):
 
 class PostgresRefused(DeliveryError):
     """Postgres refused a statement kdg sent (a constraint, a permission, a type), not a connection problem."""
+
+
+class Interrupted(KdgError):
+    """A signal stopped a command with an end before it got there (cleanly: the report says how far it got)."""
+
+    def __init__(self, message: str, signum: int | None = None):
+        super().__init__(message)
+        self.exit_code = 128 + (signum or 2)  # 130 for SIGINT, 143 for SIGTERM, as shells report them
 
 
 class CheckFailed(KdgError):

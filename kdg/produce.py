@@ -10,6 +10,8 @@ from kdg.errors import DeliveryError, TransactionAborted
 from kdg.guarantees import policy_for
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.producer import DeliveryReports, KdgProducer
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
+from kdg.metrics import Metrics
 from kdg.records import ID_HEADER, SEQ_HEADER, Record, id_maker
 from kdg.retention import parse_retention
 from kdg.settings import Connection
@@ -35,6 +37,11 @@ class ProduceRequest:
     partitions: int = 3
     progress: Callable[[int], None] | None = None
     ledger_retention: str | None = None  # how long ledger rows are kept (stored for every producer; None: as stored)
+    shutdown: Shutdown = field(default_factory=Shutdown)  # requested (a signal): stop sending, settle, return
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S  # start-up: how long to wait for Kafka and Postgres to come up
+    metrics_port: int | None = None   # serve /metrics, /healthz and /readyz here (0: any free port)
+    metrics_host: str = "0.0.0.0"
+    notice: Callable[[str], None] = lambda text: None  # status lines (waiting for Kafka or Postgres)
 
 
 @dataclass
@@ -50,7 +57,9 @@ class ProduceReport:
     aborted_transactions: int = 0
     duration_s: float = 0.0
     msgs_per_s: float = 0.0
-    interrupted: bool = False
+    interrupted: bool = False  # stopped before its input ended: the open transaction (if any) was aborted
+    stopped_by: str = ""       # the signal that stopped it
+    open_transaction_aborted: bool = False  # ... in the middle of a transaction, which was aborted
     errors: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
@@ -67,9 +76,24 @@ class _Outcomes:
     producer nor reported failed was delivered.
     """
 
-    def __init__(self, report: ProduceReport, ledger: "LedgerWriter | None", run_id, topic: str, confirms: bool):
+    def __init__(self, report: ProduceReport, ledger: "LedgerWriter | None", run_id, topic: str, confirms: bool,
+                 metrics: Metrics):
         self.report, self.ledger, self.run_id, self.topic, self.confirms = report, ledger, run_id, topic, confirms
+        self.metrics = metrics
         self.rows: list[tuple] = []
+        self._shown = (0, 0, 0, 0, 0)  # what the metrics were last told: sent, acked, failed, transactions, aborts
+
+    def show(self) -> None:
+        """Bring the metrics up to the report (a few times a second at most, never per record)."""
+        r = self.report
+        now = (r.sent, r.acked + r.unconfirmed, r.failed, r.transactions, r.aborted_transactions)
+        sent, acked, failed, txns, aborts = (a - b for a, b in zip(now, self._shown))
+        self.metrics.produced(self.topic, sent=sent, acked=acked if self.confirms else 0, failed=failed)
+        for _ in range(txns):
+            self.metrics.transaction(self.topic, "committed")
+        for _ in range(aborts):
+            self.metrics.transaction(self.topic, "aborted")
+        self._shown = now
 
     @property
     def needs_every_report(self) -> bool:
@@ -149,20 +173,34 @@ def run_produce(req: ProduceRequest) -> ProduceReport:
         parse_retention(req.ledger_retention, "--ledger-retention")  # malformed: refused before anything is sent
     run_id = uuid.uuid4()
     report = ProduceReport(guarantee=policy.guarantee.value, topic=req.topic, run_id=str(run_id))
+    with Metrics("produce", policy.guarantee.value, req.metrics_port, req.metrics_host) as metrics:
+        if metrics.enabled:
+            req.notice(f"metrics on http://{req.metrics_host}:{metrics.port}/metrics (and /healthz, /readyz)")
+        try:
+            _produce(req, policy, run_id, report, metrics)
+        except StopRequested:  # while waiting for Kafka or Postgres: nothing was sent
+            report.interrupted, report.stopped_by = True, req.shutdown.signal or "stop requested"
+    return report
+
+
+def _produce(req: ProduceRequest, policy, run_id, report: ProduceReport, metrics: Metrics) -> None:
     txn_id = req.transactional_id or f"kdg-produce-{req.topic}"
     # vet the configuration first, then reach Kafka (ensure_topic answers "unreachable" in seconds), then
     # register the transactional.id, which would otherwise wait out its own timeouts on a dead cluster;
     # only the ledger needs each record's delivery report, else librdkafka reports failures only
     producer = KdgProducer(policy, req.conn.bootstrap_servers, req.conn.extra, transactional_id=txn_id, init=False,
                            every_report=req.ledger)
-    ensure_topic(req.conn.bootstrap_servers, req.topic, partitions=req.partitions, extra=req.conn.extra)
+    metrics.not_ready = "waiting for Kafka"
+    wait_until_up("Kafka", lambda: ensure_topic(req.conn.bootstrap_servers, req.topic, partitions=req.partitions,
+                                                extra=req.conn.extra), req.wait_timeout, req.shutdown, req.notice)
     producer.init()
     store = ledger = None
     if req.ledger:
         from kdg.store.ledger import LedgerWriter
         from kdg.store.pg import Store
 
-        store = Store(req.conn.pg_dsn)
+        metrics.not_ready = "waiting for Postgres"
+        store = wait_until_up("Postgres", lambda: Store(req.conn.pg_dsn), req.wait_timeout, req.shutdown, req.notice)
         try:
             if req.ledger_retention is not None:
                 store.set_ledger_retention(req.ledger_retention)
@@ -171,58 +209,61 @@ def run_produce(req: ProduceRequest) -> ProduceReport:
             store.close()
             raise
         ledger = LedgerWriter(store)  # COPYs on its own thread until closed
-    outcomes = _Outcomes(report, ledger, run_id, req.topic, confirms=policy.confirms_delivery)
+    outcomes = _Outcomes(report, ledger, run_id, req.topic, confirms=policy.confirms_delivery, metrics=metrics)
     make_id = id_maker(req.id_template)
     started = time.monotonic()
+    metrics.not_ready = None
     try:
         try:
             if policy.transactional:
                 _send_transactional(req, producer, outcomes, make_id, report)
             else:
                 _send_plain(req, producer, outcomes, make_id, report)
-        except KeyboardInterrupt:
-            report.interrupted = True
-            if producer.in_transaction:
-                producer.abort()
         finally:
+            metrics.stopping = True
             outcomes.close()  # the run lasts until its ledger is written
+            outcomes.show()
     finally:
         report.duration_s = round(time.monotonic() - started, 3)
         report.msgs_per_s = round(report.sent / report.duration_s, 1) if report.duration_s else 0.0
         if store is not None:
             store.finish_run(run_id, report.to_dict())
             store.close()
-    return report
+
+
+def _stopped(req: ProduceRequest, report: ProduceReport) -> None:
+    report.interrupted, report.stopped_by = True, req.shutdown.signal or "stop requested"
 
 
 def _send_plain(req, producer, outcomes, make_id, report) -> None:
     """Records go out as they come; each counts once its delivery is settled (see :class:`_Outcomes`).
 
-    Interrupted, what was sent gets 30 s to be delivered before it is counted.
+    Stopped (a signal), it sends no more, and what was sent gets 30 s to be delivered before it is counted.
     """
     reports = DeliveryReports() if outcomes.needs_every_report else None
     track = reports.tracker if reports is not None else None
-    send, topic = producer.send, req.topic
+    send, topic, stop_requested = producer.send, req.topic, req.shutdown.check
     remaining = 0
     try:
         for seq, rec in enumerate(req.records):
+            if stop_requested():
+                _stopped(req, report)
+                break
             key, seq = _stamp(rec, seq, make_id)
             send(topic, rec.value, rec.key, rec.headers, rec.partition, track(key, seq) if track else None)
             report.sent += 1
-            if report.sent % 1000 == 0:
+            if report.sent % 100 == 0:
                 producer.poll(0)
                 if reports is not None and report.sent % LEDGER_BATCH == 0:
                     outcomes.settle(producer, reports, report.sent)
-                if req.progress:
-                    req.progress(report.sent)
-    except KeyboardInterrupt:
-        producer.flush(30)
-        raise
-    else:
-        remaining = producer.flush(120)
+                if report.sent % 1000 == 0:
+                    outcomes.show()
+                    if req.progress:
+                        req.progress(report.sent)
+        remaining = producer.flush(30 if report.interrupted else 120)
     finally:
         outcomes.settle(producer, reports, report.sent)
-    if remaining:
+    if remaining and not report.interrupted:
         raise DeliveryError(f"{remaining} records were still undelivered after 120 s")
     if req.progress:
         req.progress(report.sent)
@@ -233,9 +274,21 @@ def _send_transactional(req, producer, outcomes, make_id, report) -> None:
     ``txn_interval_ms``, whichever comes first.
 
     A transaction Kafka makes us abort is re-sent whole; its records only count once it commits.
+    Stopped (a signal, read between records, never inside a client call), the open transaction is
+    aborted: none of its records counts, or ever reaches a read_committed reader.
     """
     txn = _Transaction(req, producer, outcomes, report)
+    stop_requested = req.shutdown.check
     for seq, rec in enumerate(req.records):
+        if stop_requested():
+            _stopped(req, report)
+            if producer.in_transaction:
+                # its records are delivered first: an abort racing the partitions' registration with the
+                # coordinator can be refused as INVALID_TXN_STATE (librdkafka#4849), fatal for the producer
+                producer.flush(req.shutdown.timeout / 2)
+                producer.abort()
+                report.open_transaction_aborted = True
+            return
         key, seq = _stamp(rec, seq, make_id)
         txn.add(rec, key, seq)
         if len(txn.records) >= req.txn_size or time.monotonic() >= txn.deadline:
@@ -286,6 +339,7 @@ class _Transaction:
         self.outcomes.settle(self.producer, self.reports, len(self.records))
         self.report.sent += len(self.records)
         self.report.transactions += 1
+        self.outcomes.show()
         self.records, self.reports = [], self._new_reports()
         if self.req.progress:
             self.req.progress(self.report.sent)

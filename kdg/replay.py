@@ -8,14 +8,17 @@ The policy decides three things here, and nothing else does:
   retried task or a re-run of the range adds nothing.
 """
 
+import contextlib
 import re
+import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable
 
-from kdg.errors import ConnectionFailed, DeliveryError, KdgError, UsageError
+from kdg.errors import ConnectionFailed, DeliveryError, Interrupted, KdgError, UsageError
 from kdg.guarantees import CommitMode, policy_for
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
 from kdg.retention import check_dedup_retention
 from kdg.settings import Connection, table_name
 from kdg.spark.ranges import Ranges, parse_bound, resolve_range
@@ -45,6 +48,8 @@ class ReplayRequest:
     echo: Callable[[str], None] = print
     dedup_retention: str | None = None   # exactly-once: the table's claim window, if it has none yet (kdg.retention)
     beyond_dedup_window: bool = False    # replay records older than the window, knowing they are not deduplicated
+    shutdown: Shutdown = field(default_factory=Shutdown)  # requested (a signal): cancel the job, record it failed
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S  # start-up: how long to wait for Kafka and Postgres to come up
 
 
 @dataclass
@@ -88,7 +93,13 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
     master = resolve_master(req.master)  # `stack`: the local stack's Spark master, which must be running
     source_options = spark_source_options(req.conn.bootstrap_servers, req.conn.extra, policy)  # refused before any record
     replay_id = uuid.uuid4()
-    with Store(req.conn.pg_dsn) as store:  # unreachable, or no kdg schema: a clear error before Spark starts
+    try:
+        wait_until_up("Kafka", lambda: _partitions(req), req.wait_timeout, req.shutdown, req.echo)
+        store = wait_until_up("Postgres", lambda: Store(req.conn.pg_dsn), req.wait_timeout, req.shutdown, req.echo)
+    except StopRequested as exc:
+        raise Interrupted(f"{req.shutdown.signal}: stopped while waiting for {exc}; nothing was replayed",
+                          req.shutdown.signum) from None
+    with store:  # unreachable, or no kdg schema: a clear error before Spark starts
         ranges = _resolve(req, policy.isolation_level, start, end, store)  # a bad range creates nothing
         typed = None
         if req.mapping is not None:
@@ -117,7 +128,10 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
         try:
             totals = _run_job(req, master, policy, ranges, spec, id_kind, id_arg, source_options)
         except BaseException as exc:
-            error = _explain(exc, policy)
+            error = _explain(exc, policy) if not req.shutdown.requested else Interrupted(
+                f"{req.shutdown.signal}: the Spark job was cancelled; the replay is recorded "
+                f"{'done (at-most-once recorded it before writing)' if record_first else 'failed'}, and running "
+                "the same range again finishes it", req.shutdown.signum)
             store.finish_replay(replay_id, req.group, req.topic, ranges, status="done" if record_first else "failed",
                                 error=str(error))
             raise error from exc
@@ -141,10 +155,16 @@ def _id_from(spec: str | None) -> tuple[str | None, str | None]:
     return resolver.kind, resolver.arg
 
 
-def _resolve(req: ReplayRequest, isolation: str, start, end, store) -> Ranges:
-    from kdg.kafka.admin import topic_partitions, watermarks
+def _partitions(req: ReplayRequest) -> list[int]:
+    from kdg.kafka.admin import topic_partitions
 
-    partitions = topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra)
+    return topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra)
+
+
+def _resolve(req: ReplayRequest, isolation: str, start, end, store) -> Ranges:
+    from kdg.kafka.admin import watermarks
+
+    partitions = _partitions(req)
     return resolve_range(req.topic, start, end, partitions=partitions,
                          watermarks=watermarks(req.conn.bootstrap_servers, req.topic, req.conn.extra, isolation),
                          stored=lambda: store.stored_offsets(req.group, req.topic),
@@ -206,7 +226,7 @@ def _run_job(req: ReplayRequest, master: str, policy, ranges: Ranges, spec, id_k
     started = time.monotonic()
     # an exception leaves this block carrying spark_log, Spark's log file, for _explain to name
     with spark_session(master, task_retries=policy.spark_task_retries, conf=req.spark_conf,
-                       echo=req.echo) as run:
+                       echo=req.echo) as run, _cancel_on_stop(req.shutdown, run.spark):
         job_started = time.monotonic()
         in_order = req.mapping is not None and (req.mapping.mode == "upsert" or req.mapping.on_tombstone == "delete")
         frame = kafka_frame(run.spark, req.topic, ranges, source_options=source_options, split=not in_order)
@@ -216,6 +236,29 @@ def _run_job(req: ReplayRequest, master: str, policy, ranges: Ranges, spec, id_k
         totals["duration_s"] = round(time.monotonic() - job_started, 3)
         totals["spark_start_s"] = round(job_started - started, 3)
     return totals
+
+
+@contextlib.contextmanager
+def _cancel_on_stop(shutdown: Shutdown, spark):
+    """While the job runs, a stop request cancels it (from a thread of ours: the main thread is inside a
+    py4j call). PySpark's context took SIGINT for itself (its handler raises KeyboardInterrupt wherever
+    the main thread is), so the signals are taken back first."""
+    shutdown.reclaim()
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.is_set():
+            if shutdown.sleep(0.2):
+                spark.sparkContext.cancelAllJobs()
+                return
+
+    watcher = threading.Thread(target=watch, name="kdg-replay-stop", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join(5)
 
 
 _PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$", re.M)

@@ -1,5 +1,6 @@
 """Where `kdg produce` gets records: text lines, kdg JSON envelopes, or synthetic load."""
 
+import itertools
 import os
 import sys
 import time
@@ -74,12 +75,13 @@ def validate_file(path: Path, reader) -> int:
     return sum(1 for _ in reader(path, LineOptions()))
 
 
-def synthetic(count: int, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:
-    """``count`` records of ``size`` bytes, at most ``rate`` per second when given.
+def synthetic(count: int | None, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:
+    """``count`` records of ``size`` bytes (endless when None: a steady load until stopped), at most
+    ``rate`` per second when given.
 
     The options are checked now, not when the first record is drawn: a bad one sends nothing.
     """
-    if count < 1:
+    if count is not None and count < 1:
         raise UsageError(f"--count {count}: must be at least 1")
     if size < 0:
         raise UsageError(f"--size {size}: must not be negative")
@@ -88,10 +90,10 @@ def synthetic(count: int, size: int, rate: float | None, opts: LineOptions) -> I
     return _synthetic(count, size, rate, opts)
 
 
-def _synthetic(count: int, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:
+def _synthetic(count: int | None, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:
     payload = os.urandom(max(size, 1) // 2 + 1).hex()[:size].encode()
     start = time.monotonic()
-    for seq in range(count):
+    for seq in (range(count) if count is not None else itertools.count()):
         if rate:
             ahead = seq / rate - (time.monotonic() - start)
             if ahead > 0:

@@ -207,16 +207,31 @@ def group() -> str:
     return f"g-{uuid.uuid4().hex[:10]}"
 
 
+def _kdg_env(stack: StackLayout, env: dict | None) -> dict:
+    inherited = {k: v for k, v in os.environ.items() if k != "KDG_FAULT"}
+    return {**inherited, "KDG_BOOTSTRAP_SERVERS": stack.bootstrap_servers, "KDG_PG_DSN": stack.pg_dsn,
+            "KDG_STATE_DIR": str(stack.state_dir), **(env or {})}
+
+
+@pytest.fixture(scope="session")
+def kdg_spawn(stack):
+    """Start the real `kdg` command line against the test stack and return at once: a ``Popen`` with
+    text stdout and stderr pipes (the caller waits, signals or kills it)."""
+
+    def spawn(*args, env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "kdg", *map(str, args)], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, env=_kdg_env(stack, env))
+
+    return spawn
+
+
 @pytest.fixture(scope="session")
 def kdg(stack):
     """Run the real `kdg` command line against the test stack: ``kdg("audit", topic, env=…)``."""
 
     def run(*args, env: dict | None = None, check: bool = True, stdin: str | None = None, timeout: float = 300):
-        inherited = {k: v for k, v in os.environ.items() if k != "KDG_FAULT"}
-        full_env = {**inherited, "KDG_BOOTSTRAP_SERVERS": stack.bootstrap_servers, "KDG_PG_DSN": stack.pg_dsn,
-                    "KDG_STATE_DIR": str(stack.state_dir), **(env or {})}
         proc = subprocess.run([sys.executable, "-m", "kdg", *map(str, args)], capture_output=True, text=True,
-                              env=full_env, input=stdin, timeout=timeout)
+                              env=_kdg_env(stack, env), input=stdin, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"kdg {' '.join(map(str, args))} exited {proc.returncode}:\n{proc.stderr}")
         return proc

@@ -87,10 +87,8 @@ def start_external_postgres() -> tuple[str, Path]:
         (data / "pg_hba.conf").write_text(HBA)  # the file keeps its owner (the server's account)
         port, password = free_port(), secrets.token_hex(16)
         options = f"-p {port} -c listen_addresses={HOST} -k {base} -c password_encryption=scram-sha-256"
-        try:
-            _run([bins / "pg_ctl", "-D", data, "-l", log, "-o", options, "-w", "-t", "60", "start"], "pg_ctl start")
-        except PostgresServerError as exc:
-            raise PostgresServerError(f"{exc}\nlast lines of {log}:\n{_tail(log)}") from None
+        (base / "options").write_text(options)
+        resume_external_postgres(base)
 
         def sql(database: str, statement: str) -> None:
             _run([bins / "psql", "-h", base, "-p", port, "-U", OS_USER, "-d", database, "-v", "ON_ERROR_STOP=1",
@@ -103,6 +101,21 @@ def start_external_postgres() -> tuple[str, Path]:
     except BaseException:
         stop_external_postgres(base)
         raise
+
+
+def pause_external_postgres(base: Path) -> None:
+    """Stop the server in ``base`` and keep its files: :func:`resume_external_postgres` starts it again."""
+    _stop(bin_dir(), base / "data")
+
+
+def resume_external_postgres(base: Path) -> None:
+    """Start the server in ``base`` (again), on its own port."""
+    data, log = base / "data", base / "postgres.log"
+    try:
+        _run([bin_dir() / "pg_ctl", "-D", data, "-l", log, "-o", (base / "options").read_text(), "-w", "-t", "60",
+              "start"], "pg_ctl start")
+    except PostgresServerError as exc:
+        raise PostgresServerError(f"{exc}\nlast lines of {log}:\n{_tail(log)}") from None
 
 
 def stop_external_postgres(base: Path) -> None:

@@ -29,6 +29,7 @@ DEAD_PG = f"postgresql://u:{SECRET}@127.0.0.1:1/db"
 DEAD_KAFKA = "127.0.0.1:1"
 HANDLERS = {"PYTHONPATH": str(Path(__file__).parent)}
 ANSWER_WITHIN_S = 45  # a bad input is answered in seconds; an unreachable server within its timeouts (~10 s)
+BRIEF_WAIT = {"KDG_WAIT_TIMEOUT": "2"}  # long-running commands wait for a server at start-up (60 s by default)
 
 
 def bad(row_id: str, *argv: str, code: int = 2, says: str = "", stdin: str | None = None,
@@ -63,10 +64,12 @@ ROWS = [
         f"postgresql://u:{SECRET}@127.0.0.1:abc/db", says="port"),
     bad("produce-dsn-bad-parameter", "produce", "{new}", "--count", "3", "--pg-dsn", f"{DEAD_PG}?sslmode=bogus",
         says="sslmode"),
-    bad("produce-pg-unreachable", "produce", "{new}", "--count", "3", "--pg-dsn", DEAD_PG, code=5, says="Postgres"),
-    bad("produce-kafka-unreachable", "produce", "{new}", "--count", "3", "-b", DEAD_KAFKA, code=5, says="Kafka"),
+    bad("produce-pg-unreachable", "produce", "{new}", "--count", "3", "--pg-dsn", DEAD_PG, code=5, env=BRIEF_WAIT,
+        says="Postgres"),
+    bad("produce-kafka-unreachable", "produce", "{new}", "--count", "3", "-b", DEAD_KAFKA, code=5, env=BRIEF_WAIT,
+        says="Kafka"),
     bad("produce-eos-kafka-unreachable", "produce", "{new}", "-g", "exactly-once", "--count", "3", "-b", DEAD_KAFKA,
-        code=5, says="Kafka"),
+        code=5, env=BRIEF_WAIT, says="Kafka"),
     bad("produce-missing-file", "produce", "{new}", "--file", "/nonexistent", says="/nonexistent"),
     bad("produce-directory-file", "produce", "{new}", "--file", "{tmp}", says="directory"),
     bad("produce-bad-envelope-file", "produce", "{new}", "--format", "json", "--file", "{tmp}/bad.jsonl",
@@ -105,9 +108,9 @@ ROWS = [
     bad("consume-unknown-guarantee", "consume", "{src}", "-G", "{group}", "-g", "twice", "-e", says="twice"),
     bad("consume-not-a-dsn", "consume", "{src}", "-G", "{group}", "-e", "--pg-dsn", "notadsn", says="--pg-dsn"),
     bad("consume-pg-unreachable", "consume", "{src}", "-G", "{group}", "-e", "--pg-dsn", DEAD_PG, code=5,
-        says="Postgres"),
+        env=BRIEF_WAIT, says="Postgres"),
     bad("consume-kafka-unreachable", "consume", "{src}", "-G", "{group}", "-e", "-b", DEAD_KAFKA, code=5,
-        says="Kafka"),
+        env=BRIEF_WAIT, says="Kafka"),
     bad("consume-missing-topic", "consume", "{new}", "-G", "{group}", "-e", says="does not exist"),
     bad("consume-table-sql", "consume", "{src}", "-G", "{group}", "-e", "--table", "drop table x",
         says="drop table x"),
@@ -158,8 +161,9 @@ ROWS = [
     bad("replay-empty-group", "spark-replay", "{src}", "-G", " ", says="--group"),
     bad("replay-not-a-dsn", "spark-replay", "{src}", "-G", "{group}", "--pg-dsn", "notadsn", says="--pg-dsn"),
     bad("replay-pg-unreachable", "spark-replay", "{src}", "-G", "{group}", "--pg-dsn", DEAD_PG, code=5,
-        says="Postgres"),
-    bad("replay-kafka-unreachable", "spark-replay", "{src}", "-G", "{group}", "-b", DEAD_KAFKA, code=5, says="Kafka"),
+        env=BRIEF_WAIT, says="Postgres"),
+    bad("replay-kafka-unreachable", "spark-replay", "{src}", "-G", "{group}", "-b", DEAD_KAFKA, code=5, env=BRIEF_WAIT,
+        says="Kafka"),
     # -- audit -----------------------------------------------------------------------------------
     bad("audit-read-uncommitted", "audit", "{src}", "-X", "isolation.level=read_uncommitted", says="isolation.level"),
     bad("audit-auto-commit", "audit", "{src}", "-X", "enable.auto.commit=true", says="enable.auto.commit"),

@@ -6,8 +6,8 @@ from typing import Annotated, Optional
 import typer
 
 from kdg.cli import app
-from kdg.cli.options import (Bootstrap, Columns, CreateTable, DedupRetention, Json, MappingFile, Mode, OnTombstone,
-                             PgDsn, Profile, Properties)
+from kdg.cli.options import (Bootstrap, Columns, CreateTable, DedupRetention, Json, MappingFile, MetricsHost,
+                             MetricsPort, Mode, OnTombstone, PgDsn, Profile, Properties, ShutdownTimeout, WaitTimeout)
 from kdg.cli.render import console, err_console, key_value_table, print_json
 from kdg.errors import CheckFailed, UsageError
 
@@ -38,6 +38,17 @@ def _progress(label: str, total: int | None, enabled: bool):
                    transient=True)
     task = bar.add_task(label, total=total)
     return bar, (lambda n, total=None: bar.update(task, completed=n, total=total))
+
+
+def _check_lifecycle(shutdown_timeout: float, wait_timeout: float, metrics_port: int | None) -> None:
+    _check_min(("--shutdown-timeout", shutdown_timeout, 0), ("--wait-timeout", wait_timeout, 0),
+               ("--metrics-port", metrics_port, 0))
+    if metrics_port is not None and metrics_port > 65535:
+        raise UsageError(f"--metrics-port {metrics_port}: a TCP port is at most 65535")
+
+
+def _notice(text: str) -> None:
+    err_console.print(text, style="warn", markup=False, highlight=False, soft_wrap=True)
 
 
 def _run_with_bar(bar, run, req):
@@ -87,7 +98,8 @@ def produce(
     fmt: Annotated[str, typer.Option("--format", help="text: one record per line; json: kdg envelopes.")] = "text",
     count: Annotated[Optional[int], typer.Option("--count", help="Synthetic load: this many records.")] = None,
     size: Annotated[int, typer.Option("--size", help="Synthetic record size in bytes.")] = 100,
-    rate: Annotated[Optional[float], typer.Option("--rate", help="Synthetic: at most this many per second.")] = None,
+    rate: Annotated[Optional[float], typer.Option("--rate", help="Synthetic: at most this many per second; without "
+                    "--count, a steady load until stopped (SIGTERM or SIGINT, exit 0).")] = None,
     key: Annotated[Optional[str], typer.Option("-k", help="Key for every record.")] = None,
     key_delimiter: Annotated[Optional[str], typer.Option("-K", help="Split each line into key and value.")] = None,
     header: Annotated[Optional[list[str]], typer.Option("-H", help="Header name=value (repeatable).")] = None,
@@ -101,11 +113,20 @@ def produce(
                                 "stored once for every producer (kdg db maintain changes it). Default: as stored, "
                                 "else forever.")] = None,
     partitions: Annotated[int, typer.Option(help="Partitions if the topic is created.")] = 3,
+    shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
+    metrics_port: MetricsPort = None, metrics_host: MetricsHost = "0.0.0.0",
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
-    """Send records under a delivery guarantee; each carries an idempotency key (header kdg-id)."""
+    """Send records under a delivery guarantee; each carries an idempotency key (header kdg-id).
+
+    SIGTERM or SIGINT stops it cleanly: no more records are sent, the open transaction is aborted,
+    what was sent is settled in the ledger. A run with an end (--count, a file, stdin) stopped early
+    exits 130 (SIGINT) or 143 (SIGTERM); an endless --rate load exits 0.
+    """
     from kdg import sources
+    from kdg.errors import Interrupted
+    from kdg.lifecycle import Shutdown
     from kdg.produce import ProduceRequest, run_produce
     from kdg.records import id_maker
 
@@ -115,8 +136,10 @@ def produce(
         raise UsageError("--format must be text or json")
     _check_min(("-p", partition, 0), ("--txn-size", txn_size, 1), ("--txn-interval-ms", txn_interval_ms, 0),
                ("--partitions", partitions, 1))
+    _check_lifecycle(shutdown_timeout, wait_timeout, metrics_port)
     id_maker(id_template)  # a bad --id template is refused before the topic is created
-    if count is not None:
+    endless = count is None and rate is not None and file is None
+    if count is not None or endless:
         records = sources.synthetic(count, size, rate, opts)
     else:
         reader = sources.envelopes if fmt == "json" else sources.text_lines
@@ -124,15 +147,22 @@ def produce(
             sources.validate_file(file, reader)  # a bad line is reported before anything is sent
         records = reader(file, opts)
     bar, progress = _progress(f"producing to {topic}", count, not as_json)
-    req = ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=_conn(bootstrap, pg_dsn, props, profile),
-                         ledger=not no_ledger, ledger_retention=ledger_retention, id_template=id_template, txn_size=txn_size,
-                         txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
-                         partitions=partitions, progress=progress)
-    report = _run_with_bar(bar, run_produce, req)
+    with Shutdown(shutdown_timeout).on_signals() as shutdown:
+        req = ProduceRequest(topic=topic, guarantee=guarantee, records=records,
+                             conn=_conn(bootstrap, pg_dsn, props, profile), ledger=not no_ledger,
+                             ledger_retention=ledger_retention, id_template=id_template, txn_size=txn_size,
+                             txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
+                             partitions=partitions, progress=progress, shutdown=shutdown, wait_timeout=wait_timeout,
+                             metrics_port=metrics_port, metrics_host=metrics_host, notice=_notice)
+        report = _run_with_bar(bar, run_produce, req)
     if as_json:
         print_json(report)
     else:
         console.print(key_value_table(f"produce {topic} ({report.guarantee})", report.to_dict()))
+    if report.interrupted and not endless:
+        raise Interrupted(f"{report.stopped_by}: stopped after {report.sent} records"
+                          + (" (the open transaction was aborted)" if report.open_transaction_aborted else ""),
+                          shutdown.signum)
     if report.failed:
         raise CheckFailed(f"{report.failed} record(s) were not delivered")
 
@@ -169,11 +199,18 @@ def consume(
                         "own connection, while the next is read (0: each batch is written before the next is "
                         "polled). Offsets stay chained in order.")] = 2,
     dedup_retention: DedupRetention = None,
+    shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
+    metrics_port: MetricsPort = None, metrics_host: MetricsHost = "0.0.0.0",
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
-    """Read a topic in a group and write a sink; offsets commit where the guarantee says."""
+    """Read a topic in a group and write a sink; offsets commit where the guarantee says.
+
+    SIGTERM or SIGINT stops it cleanly: the batch in flight is written and committed, the group is
+    left, and it exits 0.
+    """
     from kdg.consume import ConsumeRequest, load_handler, run_consume
+    from kdg.lifecycle import Shutdown
     from kdg.mapping import build_mapping
     from kdg.settings import table_name
 
@@ -184,6 +221,7 @@ def consume(
     _check_min(("-c", count, 1), ("--batch-size", batch_size, 1), ("--batch-ms", batch_ms, 1),
                ("--idle-timeout", idle_timeout, 0), ("--max-bytes", max_bytes, 0), ("--pg-wait", pg_wait, 0),
                ("--pipeline", pipeline, 0))
+    _check_lifecycle(shutdown_timeout, wait_timeout, metrics_port)
     if pipeline > 8:
         raise UsageError(f"--pipeline {pipeline}: at most 8 (each is a Postgres connection; 2 already overlaps "
                          "reading with writing)")
@@ -192,14 +230,15 @@ def consume(
     table = typed.table.text if typed is not None else table_name(table or "kdg_events").text
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
-    req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
-                         sink=sink, table=table, mapping=typed, fmt=fmt, id_from=id_from, count=count,
-                         exit_at_end=exit_at_end, idle_timeout=idle_timeout, start=offset, batch_size=batch_size,
-                         batch_ms=batch_ms, max_bytes=max_bytes, handler=handler, transactional_id=transactional_id,
-                         progress=progress, pg_wait=pg_wait, pipeline=pipeline, dedup_retention=dedup_retention,
-                         notice=lambda text: err_console.print(text, style="warn", markup=False, highlight=False,
-                                                               soft_wrap=True))
-    report = _run_with_bar(bar, run_consume, req)
+    with Shutdown(shutdown_timeout).on_signals() as shutdown:
+        req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
+                             sink=sink, table=table, mapping=typed, fmt=fmt, id_from=id_from, count=count,
+                             exit_at_end=exit_at_end, idle_timeout=idle_timeout, start=offset, batch_size=batch_size,
+                             batch_ms=batch_ms, max_bytes=max_bytes, handler=handler, transactional_id=transactional_id,
+                             progress=progress, pg_wait=pg_wait, pipeline=pipeline, dedup_retention=dedup_retention,
+                             shutdown=shutdown, wait_timeout=wait_timeout, metrics_port=metrics_port,
+                             metrics_host=metrics_host, notice=_notice)
+        report = _run_with_bar(bar, run_consume, req)
     if as_json:
         print_json(report)
     else:
@@ -230,11 +269,18 @@ def spark_replay(
     dedup_retention: DedupRetention = None,
     beyond_dedup_window: Annotated[bool, typer.Option(help="Exactly-once: replay records older than the table's "
                                    "dedup window too; one of them already in the table is written again.")] = False,
+    shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
-    """Replay a Kafka range into Postgres with Spark; exactly-once adds each idempotency key once, however often it runs."""
+    """Replay a Kafka range into Postgres with Spark; exactly-once adds each idempotency key once, however often it runs.
+
+    SIGTERM or SIGINT cancels the Spark job (its open Postgres transactions roll back), records the
+    replay failed and exits 143 or 130; the same command finishes it later.
+    """
     from rich.table import Table
+
+    from kdg.lifecycle import Shutdown
 
     from kdg.mapping import build_mapping
     from kdg.replay import ReplayRequest, run_spark_replay
@@ -253,15 +299,18 @@ def spark_replay(
 
     typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
                           create_table=create_table)
+    _check_lifecycle(shutdown_timeout, wait_timeout, None)
     bar, tasks_done = _progress("spark tasks", None, not as_json)
-    req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile), group=group,
-                        start=start, end=end, table=table or "kdg_events", mapping=typed, master=master,
-                        id_from=id_from, chunk_rows=chunk_rows, dedup_retention=dedup_retention,
-                        beyond_dedup_window=beyond_dedup_window,
-                        spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"), on_range=show_range,
-                        progress=lambda done, total, failed: tasks_done(done, total),
-                        echo=lambda text: err_console.print(text, soft_wrap=True, markup=False))
-    report = _run_with_bar(bar, run_spark_replay, req)
+    with Shutdown(shutdown_timeout).on_signals() as shutdown:
+        req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
+                            group=group, start=start, end=end, table=table or "kdg_events", mapping=typed,
+                            master=master, id_from=id_from, chunk_rows=chunk_rows, dedup_retention=dedup_retention,
+                            beyond_dedup_window=beyond_dedup_window,
+                            spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"),
+                            on_range=show_range, progress=lambda done, total, failed: tasks_done(done, total),
+                            echo=lambda text: err_console.print(text, soft_wrap=True, markup=False),
+                            shutdown=shutdown, wait_timeout=wait_timeout)
+        report = _run_with_bar(bar, run_spark_replay, req)
     if as_json:
         print_json(report)
     else:

@@ -41,3 +41,16 @@ DedupRetention = Annotated[Optional[str], typer.Option(
     "--dedup-retention", help="Exactly-once into Postgres: keep the table's claims this long (30d, 36h, 10s, or "
     "forever); a record read again later is written again. Stored with the table, so all its writers agree. "
     "Default: the stored one, else the topic's retention.ms + segment.ms.")]
+
+# long-running commands under an orchestrator (kdg.lifecycle, kdg.metrics)
+ShutdownTimeout = Annotated[float, typer.Option(
+    "--shutdown-timeout", envvar="KDG_SHUTDOWN_TIMEOUT", help="On SIGTERM or SIGINT: seconds to finish the batch or "
+    "transaction in flight, commit it and leave the group; past them (or on a second signal) it stops at once.")]
+WaitTimeout = Annotated[float, typer.Option(
+    "--wait-timeout", envvar="KDG_WAIT_TIMEOUT", help="Start-up: seconds to wait, backing off, for Kafka and Postgres "
+    "to come up (0: fail at once, exit 5). A refused login or an ACL is never waited for.")]
+MetricsPort = Annotated[Optional[int], typer.Option(
+    "--metrics-port", envvar="KDG_METRICS_PORT", help="Serve Prometheus metrics (/metrics), liveness (/healthz) and "
+    "readiness (/readyz) on this port; 0 picks a free one and prints it.")]
+MetricsHost = Annotated[str, typer.Option(
+    "--metrics-host", envvar="KDG_METRICS_HOST", help="Address the metrics port listens on.")]

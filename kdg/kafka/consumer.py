@@ -134,6 +134,29 @@ class KdgConsumer:
                 raise DeliveryError(f"consumer error: {err.str()}")
         return batch
 
+    def lags(self) -> dict[tuple[str, int], int]:
+        """Records between this member's position and the end of each partition it holds, from the
+        watermarks its last fetches brought (no request; under read_committed the end is the last
+        stable offset). Partitions not fetched yet are left out."""
+        held = [TopicPartition(t, p) for t, p in self.assigned]
+        if not held:
+            return {}
+        try:
+            positions = self._consumer.position(held)
+        except KafkaException:
+            return {}
+        lags = {}
+        for tp in positions:
+            try:
+                start, end = self._consumer.get_watermark_offsets(tp, cached=True)
+            except KafkaException:
+                continue
+            if end < 0:
+                continue  # not fetched yet: unknown
+            position = tp.offset if tp.offset >= 0 else start  # nothing read yet: all it holds is ahead
+            lags[(tp.topic, tp.partition)] = max(end - max(position, 0), 0)
+        return lags
+
     def held_at_end(self) -> bool:
         """Every partition this member holds is read to its end (true when it holds none)."""
         return self.assigned <= self.eof_partitions

@@ -20,6 +20,7 @@ class Batch:
     dead: list[tuple[Record, str, str | None]] = field(default_factory=list)  # (record, reason, key)
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     first_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    submitted_at: float = 0.0  # time.monotonic() when handed to the sink (commit latency)
 
     def __len__(self) -> int:
         return len(self.records) + len(self.dead)
@@ -92,6 +93,10 @@ class Sink:
 
     def drain(self) -> list[Outcome]:
         """Wait for every batch still being written; their outcomes, oldest first."""
+        return []
+
+    def collect(self) -> list[Outcome]:
+        """The outcomes of batches finished since the last call, without waiting for the others."""
         return []
 
     def lost_connection(self) -> bool:

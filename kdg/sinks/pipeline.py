@@ -16,6 +16,7 @@ consume loop polls and sorts the next batch. Three rules keep every batch exactl
 """
 
 import threading
+import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
@@ -108,9 +109,14 @@ class Pipeline:
                 turn.done()
 
         self._in_flight.append((batch, self._threads[slot].submit(job)))
+        return finished + self.finished()
+
+    def finished(self) -> list[Outcome]:
+        """The outcomes of the oldest batches that are done, without waiting (an idle loop's accounting)."""
+        done = []
         while self._in_flight and self._in_flight[0][1].done():
-            finished.append(self._settle())
-        return finished
+            done.append(self._settle())
+        return done
 
     def drain(self) -> list[Outcome]:
         """Wait for every batch in flight; their outcomes, oldest first."""
@@ -124,12 +130,12 @@ class Pipeline:
     def lost(self) -> bool:
         return any(store.lost() for store in self.stores)
 
-    def reconnect(self, give_up_after: float, notice) -> float:
+    def reconnect(self, give_up_after: float, notice, sleep=time.sleep) -> float:
         """After :meth:`drain`: connect again every connection Postgres dropped; seconds waited."""
         waited = 0.0
         for store in self.stores:
             if not store.alive():
-                waited += store.reconnect(max(give_up_after - waited, 1.0), notice)
+                waited += store.reconnect(max(give_up_after - waited, 1.0), notice, sleep)
         return waited
 
     def close(self) -> None:

@@ -107,6 +107,9 @@ class PostgresSink(Sink):
     def drain(self) -> list[Outcome]:
         return self._finished(self.pipeline.drain()) if self.pipeline is not None else []
 
+    def collect(self) -> list[Outcome]:
+        return self._finished(self.pipeline.finished()) if self.pipeline is not None else []
+
     def _finished(self, outcomes: list[Outcome]) -> list[Outcome]:
         """Outcomes in order; after a failure, also those of every later batch (they chained on it)."""
         outcomes, self._held = self._held + outcomes, []
@@ -134,14 +137,15 @@ class PostgresSink(Sink):
         """Whether a failed write means Postgres went away (wait for it) rather than refused something."""
         return self.store.lost() or (self.pipeline is not None and self.pipeline.lost())
 
-    def reconnect(self, give_up_after: float, notice) -> float:
+    def reconnect(self, give_up_after: float, notice, sleep=time.sleep) -> float:
         """Wait for Postgres to answer again (backing off, ``notice`` told each retry); seconds waited.
 
-        Call it with nothing in flight (after :meth:`drain`).
+        Call it with nothing in flight (after :meth:`drain`). ``sleep`` waits between attempts
+        (see :meth:`Store.reconnect`).
         """
-        waited = self.store.reconnect(give_up_after, notice) if not self.store.alive() else 0.0
+        waited = self.store.reconnect(give_up_after, notice, sleep) if not self.store.alive() else 0.0
         if self.pipeline is not None:
-            waited += self.pipeline.reconnect(give_up_after - waited, notice)
+            waited += self.pipeline.reconnect(give_up_after - waited, notice, sleep)
         return waited
 
     def close(self) -> None:

@@ -12,7 +12,8 @@ from importlib.resources.abc import Traversable
 
 import asyncpg
 
-from kdg.errors import ConnectionFailed, MissingComponent, PostgresRefused, SchemaMissing, UsageError
+from kdg.errors import (AuthenticationFailed, ConnectionFailed, MissingComponent, PostgresRefused, SchemaMissing,
+                        UsageError)
 from kdg.paths import resource
 from kdg.settings import redact_dsn
 
@@ -77,6 +78,8 @@ async def connect(dsn: str, timeout: float = 10) -> asyncpg.Connection:
         return await asyncpg.connect(dsn, timeout=timeout)
     except asyncpg.exceptions.ClientConfigurationError as exc:
         raise UsageError(f"--pg-dsn {redact_dsn(dsn)}: {exc}") from None
+    except asyncpg.exceptions.InvalidAuthorizationSpecificationError as exc:  # class 28: role, password, pg_hba
+        raise AuthenticationFailed(f"Postgres at {redact_dsn(dsn)} refused the login: {exc}") from None
     except (OSError, asyncio.TimeoutError, asyncpg.PostgresError) as exc:
         raise ConnectionFailed(f"cannot reach Postgres at {redact_dsn(dsn)}: {exc}") from exc
 

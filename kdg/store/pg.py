@@ -93,12 +93,15 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
         except ConnectionFailed:
             return False
 
-    def reconnect(self, give_up_after: float, notice: Callable[[str], None] = lambda text: None) -> float:
+    def reconnect(self, give_up_after: float, notice: Callable[[str], None] = lambda text: None,
+                  sleep: Callable[[float], object] = time.sleep) -> float:
         """Connect again after :meth:`lost`, backing off until Postgres answers; returns the seconds waited.
 
         Postgres restarting, in recovery or out of connections is waited for; after
         ``give_up_after`` seconds the last error is raised as :class:`ConnectionFailed`.
         Per-session state (the temp staging tables) is made again on the new connection.
+        ``sleep(seconds)`` waits between attempts; when it returns True (a stop was requested,
+        :meth:`kdg.lifecycle.Shutdown.sleep`) the wait ends with :class:`ConnectionFailed`.
         """
         self.conn.terminate()
         started, delay, attempt = time.monotonic(), 0.25, 0
@@ -119,7 +122,8 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
                                            f"(attempt {attempt}): {exc}") from exc
                 notice(f"Postgres unreachable (attempt {attempt}, {waited:.1f} s): {exc}; "
                        f"retrying in {delay:g} s")
-                time.sleep(delay)
+                if sleep(delay) is True:
+                    raise ConnectionFailed(f"stopped while waiting for Postgres (attempt {attempt}): {exc}") from exc
                 delay = min(delay * 2, 5.0)
         self.conn = conn
         self._stages.clear()

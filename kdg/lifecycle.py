@@ -1,0 +1,132 @@
+"""How a long-running command lives under an orchestrator: a stop request as a flag, a deadline to
+finish stopping, and a start-up that waits for Kafka and Postgres.
+
+A signal never raises inside librdkafka or asyncpg: :class:`Shutdown`'s handler only sets a flag
+(and notes which signal it was) that the command's loop reads between client calls. A second
+signal, or a stop that outlives its deadline, ends the process at once, as a crash would; every
+guarantee is built to survive a crash, so that is safe, only slower to recover from.
+"""
+
+import os
+import signal
+import sys
+import threading
+import time
+from typing import Callable, TypeVar
+
+from kdg.errors import ConnectionFailed
+
+T = TypeVar("T")
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0  # what Kubernetes (terminationGracePeriodSeconds) and systemd give by default
+DEFAULT_WAIT_TIMEOUT_S = 60.0
+
+
+class StopRequested(Exception):
+    """A stop was requested while a command was still starting (waiting for Kafka or Postgres)."""
+
+
+class Shutdown:
+    """A request to stop: set by SIGTERM/SIGINT once :meth:`on_signals` is entered, or by :meth:`request`.
+
+    Example::
+
+        with Shutdown(timeout=30).on_signals() as shutdown:
+            while not shutdown.requested:
+                ...  # one client call at a time
+    """
+
+    def __init__(self, timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S):
+        self.timeout = timeout
+        self.signal: str | None = None  # "SIGTERM" or "SIGINT", once one arrived
+        self._event = threading.Event()
+        self.check = self._event.is_set  # ``requested`` as a bound method, for a per-record loop
+        self._done = threading.Event()
+        self._previous: dict[int, object] = {}
+
+    @property
+    def requested(self) -> bool:
+        return self._event.is_set()
+
+    @property
+    def signum(self) -> int | None:
+        return signal.Signals[self.signal].value if self.signal else None
+
+    def request(self, reason: str = "stop requested") -> None:
+        """Ask the loop to stop, as a signal would (a library caller's way, from any thread)."""
+        self.signal = self.signal or reason
+        self._event.set()
+
+    def sleep(self, seconds: float) -> bool:
+        """Wait ``seconds`` unless a stop is requested first; True if it was."""
+        return self._event.wait(max(seconds, 0))
+
+    def on_signals(self) -> "Shutdown":
+        """Install the handlers (main thread only; elsewhere signals are not this thread's to take)."""
+        if threading.current_thread() is threading.main_thread():
+            for sig in STOP_SIGNALS:
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def reclaim(self) -> None:
+        """Take the signals back from a library that installed its own handlers since (PySpark takes SIGINT)."""
+        for sig in self._previous:
+            signal.signal(sig, self._handle)
+
+    def __enter__(self) -> "Shutdown":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._done.set()
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+        self._previous.clear()
+
+    def _handle(self, signum: int, frame) -> None:
+        name = signal.Signals(signum).name
+        if self._event.is_set():
+            _exit_now(f"{name} again: stopping at once, without finishing the batch in flight "
+                      "(the guarantee holds, as after a crash)", signum)
+        self.signal = name
+        self._event.set()
+        _say(f"{name}: stopping cleanly within {self.timeout:g} s (send it again to stop at once)")
+        threading.Thread(target=self._deadline, args=(signum,), name="kdg-shutdown-deadline", daemon=True).start()
+
+    def _deadline(self, signum: int) -> None:
+        if not self._done.wait(self.timeout):
+            _exit_now(f"the stop did not finish within --shutdown-timeout {self.timeout:g} s: stopping at once "
+                      "(the guarantee holds, as after a crash)", signum)
+
+
+def _say(text: str) -> None:
+    os.write(sys.stderr.fileno(), f"{text}\n".encode())  # no buffered stream: this may run inside a print
+
+
+def _exit_now(text: str, signum: int) -> None:
+    _say(text)
+    os._exit(128 + signum)
+
+
+def wait_until_up(what: str, connect: Callable[[], T], timeout: float, shutdown: Shutdown | None = None,
+                  notice: Callable[[str], None] = lambda text: None) -> T:
+    """``connect()``, again with backoff while it raises a retriable :class:`ConnectionFailed`, for ``timeout`` s.
+
+    A refused login or an ACL (``retriable`` False) is raised at once: waiting would not change it.
+    A stop requested meanwhile ends the wait with :class:`StopRequested`.
+    """
+    started, delay, attempt = time.monotonic(), 0.5, 0
+    shutdown = shutdown or Shutdown()
+    while True:
+        attempt += 1
+        try:
+            return connect()
+        except ConnectionFailed as exc:
+            waited = time.monotonic() - started
+            if not exc.retriable or waited + delay > timeout:
+                if attempt > 1:
+                    raise type(exc)(f"{exc} (waited {waited:.0f} s for {what}, --wait-timeout {timeout:g})") from exc
+                raise
+            notice(f"waiting for {what} (attempt {attempt}, {waited:.0f} s of {timeout:g}): {exc}")
+            if shutdown.requested or shutdown.sleep(delay):
+                raise StopRequested(what) from exc
+            delay = min(delay * 2, 5.0)
