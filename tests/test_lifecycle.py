@@ -1,0 +1,185 @@
+"""Under an orchestrator: SIGTERM and Ctrl-C stop cleanly, start-up waits for Postgres, metrics are served.
+
+Every process is the real `kdg` command on the shared stack; signals are real signals.
+"""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from conftest import as_json, audited
+from pg_server import free_port, pause_external_postgres, resume_external_postgres, start_external_postgres, \
+    stop_external_postgres
+from kdg.stack.cluster import java_classpath, require_java
+
+HANDLERS = {"PYTHONPATH": str(Path(__file__).parent)}
+SHUTDOWN_TIMEOUT_S = 30  # the default --shutdown-timeout, what orchestrators give
+
+
+def _get(port: int, path: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as answer:
+            return answer.status, answer.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+def _scrape(port: int) -> dict[str, float]:
+    """``/metrics`` through Prometheus's own parser: {'name{label=value,…}': value}, summed over no label."""
+    status, text = _get(port, "/metrics")
+    assert status == 200, text
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k != "guarantee")
+            found[f"{s.name}{{{labels}}}"] = s.value
+    return found
+
+
+def _total(found: dict[str, float], name: str) -> float:
+    return sum(v for k, v in found.items() if k.startswith(name + "{"))
+
+
+def _wait_for(check, what: str, proc: subprocess.Popen, timeout: float = 90):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, f"kdg exited {proc.returncode} while waiting for {what}: {proc.stderr.read()}"
+        try:
+            got = check()
+        except (urllib.error.URLError, ConnectionError):
+            got = None  # the port is not served yet
+        if got:
+            return got
+        time.sleep(0.3)
+    proc.kill()
+    raise AssertionError(f"no {what} within {timeout} s: {proc.communicate()[1][-2000:]}")
+
+
+def _stop(proc: subprocess.Popen, sig=signal.SIGTERM) -> tuple[int, float, dict, str]:
+    """Signal ``proc`` and wait: (exit code, seconds it took, its --json report, stderr)."""
+    proc.send_signal(sig)
+    started = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=SHUTDOWN_TIMEOUT_S + 30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    took = time.monotonic() - started
+    return proc.returncode, took, json.loads(out) if out.strip() else {}, err
+
+
+@pytest.mark.parametrize("guarantee", ["at-most-once", "at-least-once", "exactly-once"])
+def test_sigterm_under_a_backlog_commits_exactly_what_was_processed(kdg, kdg_spawn, topic, group, guarantee):
+    """SIGTERM mid-backlog: exit 0 in time, and the next run reads on from exactly where it stopped.
+
+    The slow handler (0.4 s a batch of 200) keeps a backlog. Stopped uncleanly, at-least-once would
+    read some records twice (their batch done, its offsets not committed) and at-most-once would skip
+    some (committed, not done): the two runs' counts add up to the topic's only after a clean stop.
+    """
+    total = 10_000
+    kdg("produce", topic, "-g", "exactly-once", "--count", total)
+    port = free_port()
+    proc = kdg_spawn("consume", topic, "-G", group, "-g", guarantee, "--batch-size", 200, "--handler",
+                     "slow_handler:slow", "--metrics-port", port, "--metrics-host", "127.0.0.1", "--json",
+                     env=HANDLERS)
+    _wait_for(lambda: _total(_scrape(port), "kdg_records_written_total") >= 1000, "1000 records written", proc)
+    code, took, first, err = _stop(proc)
+    assert code == 0, err
+    assert took < SHUTDOWN_TIMEOUT_S, f"took {took:.1f} s to stop"
+    assert first["stopped_by"] == "SIGTERM" and 1000 <= first["consumed"] < total, first
+    rest = as_json(kdg("consume", topic, "-G", group, "-g", guarantee, "-e", "--json"))
+    assert first["consumed"] + rest["consumed"] == total, (first, rest)  # nothing read twice, nothing skipped
+    report = audited(kdg, topic, "-G", group)
+    assert (report["acked"], report["lost"], report["duplicates"]) == (total, 0, 0), report
+
+
+def test_metrics_move_and_lag_falls_to_zero(kdg, kdg_spawn, topic, group):
+    """A real HTTP client scrapes a running consumer: health, readiness, counters per partition, histograms."""
+    kdg("produce", topic, "-g", "exactly-once", "--count", 3000)
+    port = free_port()
+    proc = kdg_spawn("consume", topic, "-G", group, "-g", "exactly-once", "--metrics-port", port,
+                     "--metrics-host", "127.0.0.1", "--json")
+    settled = lambda n: (lambda: (m := _scrape(port)) and _total(m, "kdg_records_written_total") == n  # noqa: E731
+                         and _total(m, "kdg_consumer_lag_records") == 0 and len(
+                             [k for k in m if k.startswith("kdg_consumer_lag_records{")]) == 3 and m)
+    first = _wait_for(settled(3000), "3000 written and no lag", proc)
+    assert _get(port, "/healthz")[0] == 200 and _get(port, "/readyz") == (200, "ready\n")
+    assert _total(first, "kdg_records_read_total") == 3000
+    assert len([k for k in first if k.startswith("kdg_records_read_total{")]) == 3  # one series per partition
+    assert first["kdg_ready{}"] == 1 and _total(first, "kdg_assigned_partitions") == 3
+    for histogram in ("kdg_batch_records", "kdg_commit_duration_seconds", "kdg_end_to_end_latency_seconds"):
+        assert _total(first, f"{histogram}_count") > 0, histogram
+    kdg("produce", topic, "-g", "exactly-once", "--count", 2000)
+    second = _wait_for(settled(5000), "5000 written and no lag", proc)
+    assert _total(second, "kdg_batch_records_count") > _total(first, "kdg_batch_records_count")
+    code, _, report, err = _stop(proc)
+    assert code == 0 and report["consumed"] == 5000, err
+    with pytest.raises(urllib.error.URLError):
+        _get(port, "/healthz")  # the server went with the process
+
+
+def _transaction_states(bootstrap: str, prefix: str) -> dict[str, str]:
+    """The coordinators' state of every transactional id starting with ``prefix``, from Kafka's own tool."""
+    out = subprocess.run([require_java(), "-Xmx128m", "-XX:TieredStopAtLevel=1", "-cp", java_classpath(),
+                          "org.apache.kafka.tools.TransactionsCommand", "--bootstrap-server", bootstrap, "list"],
+                         capture_output=True, text=True, timeout=60)
+    header, *rows = out.stdout.splitlines()
+    found = [dict(zip(header.split(), row.split())) for row in rows]
+    return {r["TransactionalId"]: r["TransactionState"] for r in found if r["TransactionalId"].startswith(prefix)}
+
+
+def test_ctrl_c_during_an_exactly_once_produce_aborts_cleanly_every_time(stack, kdg_spawn, topic):
+    """20 Ctrl-Cs at random moments, start-up included: exit 130, no client error, no transaction left open.
+
+    Each run has its own transactional id, so no later run's fencing can close a transaction an
+    earlier one left open: Kafka's own tool shows each one's state at the end.
+    """
+    prefix = f"kdg-lifecycle-{uuid.uuid4().hex[:8]}-"
+    rng = random.Random(os.environ.get("KDG_TEST_SEED", "21"))
+    aborted = 0
+    for attempt in range(20):
+        proc = kdg_spawn("produce", topic, "-g", "exactly-once", "--count", 5_000_000, "--transactional-id",
+                         f"{prefix}{attempt}", "--json")
+        time.sleep(rng.uniform(0.5, 4.0))
+        code, _, report, err = _stop(proc, signal.SIGINT)
+        assert code == 130, f"attempt {attempt}: exit {code}: {err}"
+        for sign in ("SystemError", "INVALID_TXN_STATE", "Traceback", "fatal"):
+            assert sign not in err, f"attempt {attempt}: {err}"
+        aborted += bool(report.get("open_transaction_aborted"))
+    states = _transaction_states(stack.bootstrap_servers, prefix)
+    assert states and "Ongoing" not in states.values(), states
+    assert aborted > 0  # some stops did land inside a transaction
+
+
+def test_a_consumer_started_before_its_postgres_waits_for_it(kdg, kdg_spawn, topic, group):
+    """A consumer started 20 s before its Postgres waits (saying so), then reads the topic, 0/0."""
+    dsn, base = start_external_postgres()
+    try:
+        pg = {"KDG_PG_DSN": dsn}
+        kdg("db", "migrate", env=pg)
+        kdg("produce", topic, "-g", "exactly-once", "--count", 2000, env=pg)
+        pause_external_postgres(base)
+        proc = kdg_spawn("consume", topic, "-G", group, "-g", "exactly-once", "-e", "--wait-timeout", 120, "--json",
+                         env=pg)
+        time.sleep(20)
+        assert proc.poll() is None, proc.communicate()
+        resume_external_postgres(base)
+        out, err = proc.communicate(timeout=120)
+        assert proc.returncode == 0, err
+        assert "waiting for Postgres" in err and "password" not in err.lower(), err
+        assert json.loads(out)["consumed"] == 2000
+        report = audited(kdg, topic, "-G", group, env=pg)
+        assert (report["acked"], report["lost"], report["duplicates"]) == (2000, 0, 0), report
+    finally:
+        stop_external_postgres(base)
