@@ -212,6 +212,7 @@ def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metr
             offsets.revoke(revoked)
             held = len(consumer.assigned) - len(revoked)
             metrics.rebalanced(req.topic, "revoked", len(revoked), held)
+            metrics.forget(req.topic, [p.partition for p in revoked])
             metrics.not_ready = None if held > 0 else "no partitions assigned"
 
         consumer.subscribe(req.topic, on_assign=on_assign, on_revoke=on_revoke)

@@ -180,6 +180,15 @@ class Metrics:
             self.rebalances.labels(self.guarantee, topic, kind).inc(partitions)
             self.assigned.labels(self.guarantee, topic).set(held)
 
+    def forget(self, topic: str, partitions: list[int]) -> None:
+        """Partitions this member gave up: their lag is another member's to report now."""
+        if self.enabled:
+            for p in partitions:
+                try:
+                    self.lag.remove(self.guarantee, topic, str(p))
+                except KeyError:  # never measured
+                    pass
+
     def lag_due(self) -> bool:
         """Whether it is time to measure lag again (once a second at most)."""
         now = time.monotonic()

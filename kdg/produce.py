@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from kdg.store.ledger import LedgerWriter
 
 LEDGER_BATCH = 20_000
+LEDGER_FLUSH_S = 1.0  # ... or this often, whichever comes first: a slow steady load keeps its ledger current
 MAX_TXN_RETRIES = 5
 
 
@@ -81,6 +82,7 @@ class _Outcomes:
         self.report, self.ledger, self.run_id, self.topic, self.confirms = report, ledger, run_id, topic, confirms
         self.metrics = metrics
         self.rows: list[tuple] = []
+        self.due = time.monotonic() + LEDGER_FLUSH_S  # when the rows are written, full batch or not
         self._shown = (0, 0, 0, 0, 0)  # what the metrics were last told: sent, acked, failed, transactions, aborts
 
     def show(self) -> None:
@@ -131,10 +133,11 @@ class _Outcomes:
                 rows.append((run_id, key, topic, seq, "failed", None, None, reason))
         failed = sum(errors.values())
         self._count(len(deliveries) - failed, failed, errors)
-        if len(rows) >= LEDGER_BATCH:
+        if len(rows) >= LEDGER_BATCH or time.monotonic() >= self.due:
             self._write()
 
     def _write(self) -> None:
+        self.due = time.monotonic() + LEDGER_FLUSH_S
         if self.ledger is not None and self.rows:
             self.ledger.write(self.rows)
             self.rows = []
@@ -227,8 +230,10 @@ def _produce(req: ProduceRequest, policy, run_id, report: ProduceReport, metrics
         report.duration_s = round(time.monotonic() - started, 3)
         report.msgs_per_s = round(report.sent / report.duration_s, 1) if report.duration_s else 0.0
         if store is not None:
-            store.finish_run(run_id, report.to_dict())
-            store.close()
+            try:
+                store.across_restart(lambda: store.finish_run(run_id, report.to_dict()))
+            finally:
+                store.close()
 
 
 def _stopped(req: ProduceRequest, report: ProduceReport) -> None:
@@ -254,7 +259,7 @@ def _send_plain(req, producer, outcomes, make_id, report) -> None:
             report.sent += 1
             if report.sent % 100 == 0:
                 producer.poll(0)
-                if reports is not None and report.sent % LEDGER_BATCH == 0:
+                if reports is not None and (report.sent % LEDGER_BATCH == 0 or time.monotonic() >= outcomes.due):
                     outcomes.settle(producer, reports, report.sent)
                 if report.sent % 1000 == 0:
                     outcomes.show()

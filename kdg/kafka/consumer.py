@@ -13,6 +13,7 @@ _REBALANCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, Kafk
                KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST, KafkaError._NO_OFFSET}
 
 
+COMMIT_RETRY_S = 60  # how long a commit is asked again while the group's coordinator moves or loads
 # the group coordinator moving or still loading its offsets, or a slow answer: asking again is the fix
 _TRANSIENT = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
               KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT}
@@ -178,15 +179,21 @@ class KdgConsumer:
         if not next_offsets:
             return True
         tps = [TopicPartition(t, p, o) for (t, p), o in next_offsets.items()]
-        try:
-            self._consumer.commit(offsets=tps, asynchronous=False)
-            return True
-        except KafkaException as exc:
-            err = exc.args[0]
-            if err.code() in _REBALANCED:
-                return False
-            check(err, "committing offsets")
-            raise DeliveryError(f"offset commit failed: {err.str()}") from exc
+        deadline = time.monotonic() + COMMIT_RETRY_S
+        while True:
+            try:
+                self._consumer.commit(offsets=tps, asynchronous=False)
+                return True
+            except KafkaException as exc:
+                err = exc.args[0]
+                if err.code() in _REBALANCED:
+                    return False
+                # the coordinator moving or loading its offsets (a broker restarted): the same offsets again
+                if (err.retriable() or err.code() in _TRANSIENT) and time.monotonic() < deadline:
+                    time.sleep(0.5)
+                    continue
+                check(err, "committing offsets")
+                raise DeliveryError(f"offset commit failed: {err.str()}") from exc
 
     def commit_quietly(self, next_offsets: dict[tuple[str, int], int]) -> None:
         """Asynchronously commit offsets that are informational only (for lag tools)."""

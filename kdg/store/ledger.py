@@ -71,8 +71,8 @@ class LedgerWriter:
     more is written, and the error is raised once, by the next :meth:`write` or else by :meth:`close`.
     """
 
-    def __init__(self, store: "Store", depth: int = 2):
-        self._store = store
+    def __init__(self, store: "Store", depth: int = 2, pg_wait: float = 120.0):
+        self._store, self.pg_wait = store, pg_wait
         self._batches: queue.Queue[list[tuple] | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._error_raised = False
@@ -101,6 +101,12 @@ class LedgerWriter:
         while (rows := self._batches.get()) is not None:
             if self._error is None:
                 try:
-                    self._store.copy_ledger(rows)
+                    self._copy(rows)
                 except BaseException as exc:  # handed to the producer's thread, which decides
                     self._error = exc
+
+    def _copy(self, rows: list[tuple]) -> None:
+        """COPY ``rows``; Postgres gone (a restart) is waited for and the COPY made again. A COPY whose
+        answer was lost may have committed: its rows are then there twice, which the audit, counting
+        keys, does not mind — a row missing would be a record it could not account for."""
+        self._store.across_restart(lambda: self._store.copy_ledger(rows), self.pg_wait)

@@ -129,6 +129,19 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
         self._stages.clear()
         return time.monotonic() - started
 
+    def across_restart(self, call: Callable[[], object], give_up_after: float = 120.0):
+        """``call()``; when it fails because Postgres went away (a restart), wait for it and call again.
+
+        Only for statements that may run twice: one whose answer was lost may have committed.
+        """
+        try:
+            return call()
+        except ConnectionFailed:
+            if self.alive():
+                raise
+            self.reconnect(give_up_after)
+            return call()
+
     def close(self) -> None:
         """Close the connection and the private loop; a second call does nothing."""
         if self._loop.is_closed():
