@@ -74,6 +74,11 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
         except (OSError, asyncpg.exceptions.ConnectionDoesNotExistError,
                 asyncpg.exceptions.InterfaceError, asyncpg.exceptions.AdminShutdownError,
                 asyncpg.exceptions.CannotConnectNowError) as exc:
+            # a connection an error left half-way through an operation answers every later call with
+            # "another operation is in progress": dropped now, it reads as lost and is made again
+            conn = getattr(self, "conn", None)
+            if conn is not None and not conn.is_closed():
+                conn.terminate()
             raise ConnectionFailed(f"lost Postgres at {redact_dsn(self.dsn)}: {exc}") from exc
         except asyncpg.PostgresError as exc:
             raise PostgresRefused(f"Postgres refused a statement ({exc.sqlstate} {type(exc).__name__}): "
