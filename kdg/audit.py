@@ -115,10 +115,19 @@ _GOT_CLAIMS = """SELECT idempotency_key, count(*) AS n, min("partition") AS gp, 
                  WHERE sink_table = $7 AND topic = $1 GROUP BY idempotency_key"""
 _GOT_KEYED = """SELECT idempotency_key::text, count(*) AS n, NULL::int AS gp, NULL::bigint AS go FROM {table}
                 WHERE {where} GROUP BY idempotency_key"""
+# both: the column holds every inserted row for good, the claims (while kept) the versions an upsert replaced
+_GOT_KEYED_CLAIMS = _GOT_KEYED + """
+                UNION ALL
+                SELECT d.idempotency_key, 1, min(d."partition"), min(d."offset") FROM kdg_dedup d
+                WHERE d.sink_table = $7 AND d.topic = $1
+                  AND NOT EXISTS (SELECT 1 FROM {table} t WHERE t.idempotency_key::text = d.idempotency_key)
+                GROUP BY d.idempotency_key"""
 _KDG_SHAPE = {"idempotency_key", "consumer_group", "topic"}
 CLAIMS_NOTE = ("counted from kdg_dedup: exactly-once claims every key it handled (written, replaced by a later "
                "version, deleted or refused); writes under weaker guarantees leave no claims, and at-least-once "
                "upserts cannot be told apart")
+KEYED_CLAIMS_NOTE = ("counted from the table's idempotency_key column, and from kdg_dedup claims for keys the "
+                     "column lacks (versions an upsert replaced, deletes, refusals) while those claims are kept")
 KEYED_NOTE = ("counted from the table's idempotency_key column: an upsert keeps only the latest version of each "
               "row, so the versions it replaced count as lost and at-least-once upserts cannot be told apart; "
               "audit upsert tables written under exactly-once (kdg_dedup claims)")
@@ -292,7 +301,7 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
             report = replace(base, group=standing.rows_of, positions_of=standing.positions_of)
             known = load_positions(store, standing.next_offsets)
             _count(store, report, _JOIN.format(got=got), topic, known, since, until, ledger_horizon, claims_horizon,
-                   standing.rows_of if rows_table is not None else sink_arg, report.basis == "kdg_dedup claims")
+                   standing.rows_of if rows_table is not None else sink_arg, "kdg_dedup claims" in report.basis)
             reports.append(report)
     return GroupAudits(reports)
 
@@ -324,16 +333,23 @@ def _sink_keys(store, table, topic: str, report: AuditReport) -> tuple[str, str 
 
     A kdg-shaped table's $7 is the group whose rows count (the caller's; None: every row).
 
-    A user's table (a typed sink) is counted from exactly-once claims in ``kdg_dedup`` when there are
-    any, else from its own ``idempotency_key`` column; with neither, it cannot be audited.
+    A user's table (a typed sink) is counted from its own ``idempotency_key`` column, which keeps every
+    inserted row for good, and from exactly-once claims in ``kdg_dedup`` (expiring with the table's
+    window) for the keys the column lacks; from either alone when it has only one; with neither, it
+    cannot be audited.
     """
     columns = {r["attname"] for r in store.fetch(
         "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
         table.sql)}
     if not columns or _KDG_SHAPE <= columns:  # kdg's shape (or no table: Postgres says so)
         return _GOT_PG.format(table=table.sql), None, True
-    if store.fetchval("SELECT EXISTS (SELECT 1 FROM kdg_dedup WHERE sink_table = $1 AND topic = $2)",
-                      table.text, topic):
+    claims = store.fetchval("SELECT EXISTS (SELECT 1 FROM kdg_dedup WHERE sink_table = $1 AND topic = $2)",
+                            table.text, topic)
+    where = "topic = $1" if "topic" in columns else "true"
+    if claims and "idempotency_key" in columns:
+        report.basis, report.note = "idempotency_key column and kdg_dedup claims", KEYED_CLAIMS_NOTE
+        return _GOT_KEYED_CLAIMS.format(table=table.sql, where=where), table.text, False
+    if claims:
         report.basis, report.note = "kdg_dedup claims", CLAIMS_NOTE
         return _GOT_CLAIMS, table.text, False
     if "idempotency_key" in columns:

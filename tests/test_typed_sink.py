@@ -163,7 +163,7 @@ def test_json_orders_land_typed_in_a_precreated_table(kdg, conn, topic, group, t
     audit = audited(kdg, topic, "--table", table, "-G", group)
     if guarantee == "exactly-once":  # every record's key claimed, replaced versions included
         assert (audit["basis"], audit["processed_unique"], audit["lost"], audit["duplicates"]) == (
-            "kdg_dedup claims", 60, 0, 0) and audit["balanced"], audit
+            "idempotency_key column and kdg_dedup claims", 60, 0, 0) and audit["balanced"], audit
     elif mode == "insert":  # the table keeps every version with its idempotency key
         assert (audit["basis"], audit["processed_unique"], audit["rows"]) == ("idempotency_key column", 60, 60)
         assert audit["balanced"], audit
@@ -330,7 +330,7 @@ def test_exactly_once_upsert_killed_anywhere_gives_each_order_once_at_its_last_v
     assert [(r["order_id"], r["version"]) for r in found] == [(i, CRASH_VERSIONS) for i in range(CRASH_ORDERS)]
     audit = audited(kdg, topic, "--table", table, "-G", group)
     assert (audit["basis"], audit["processed_unique"], audit["lost"], audit["duplicates"]) == (
-        "kdg_dedup claims", CRASH_ORDERS * CRASH_VERSIONS, 0, 0) and audit["balanced"], audit
+        "idempotency_key column and kdg_dedup claims", CRASH_ORDERS * CRASH_VERSIONS, 0, 0) and audit["balanced"], audit
 
 
 # -- Postgres going away mid-consume ---------------------------------------------------------------
@@ -509,7 +509,7 @@ def test_spark_replay_after_a_partial_consume_writes_each_key_once(kdg, conn, to
     assert sorted({int(json.loads(d["value"])["id"]) for d in dead_letters(kdg, topic)}) == sorted(bad)
     audit = audited(kdg, topic, "--table", table, "-G", group)
     assert (audit["basis"], audit["processed_unique"], audit["dead_lettered"], audit["lost"], audit["duplicates"]) == (
-        "kdg_dedup claims", 600, 2, 0, 0), audit
+        "idempotency_key column and kdg_dedup claims", 600, 2, 0, 0), audit
 
     # the same file with --table and --mode on top: an upsert table ends with each order's last good version
     latest = f"{table}_latest"
