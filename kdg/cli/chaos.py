@@ -108,3 +108,38 @@ def scenario(
         print_json(result)
     if not result["as_expected"]:
         raise CheckFailed(f"scenario {name} did not end as expected: {result['ending']}")
+
+
+@app.command()
+def soak(
+    minutes: Annotated[float, typer.Option(help="How long the load and the nemesis run.")] = 60.0,
+    rate: Annotated[float, typer.Option(help="Records per second the producer sends.")] = 200.0,
+    seed: Annotated[int, typer.Option(help="Seed of the nemesis's schedule and targets.")] = 1,
+    dedup_retention: Annotated[Optional[str], typer.Option(
+        help="The typed table's claim window (default: 30s for a soak of 5 minutes or less, else 2m).")] = None,
+    ledger_retention: Annotated[Optional[str], typer.Option(
+        help="The producer ledger's window during the soak, restored after (default: 3 audit slices).")] = None,
+    report: Annotated[Optional[Path], typer.Option(
+        help="Write index.html, timeline.png, results.json and the processes' logs here.")] = None,
+    state_dir: StateDir = None,
+    as_json: Json = False,
+) -> None:
+    """Real processes under a steady load and a random nemesis: nothing lost, nothing duplicated, nothing leaks.
+
+    Exit 7 when a check fails (the report is written either way).
+    """
+    from kdg.chaos.soak import SoakConfig, run_soak
+    from kdg.chaos.soak_report import summary_table, write_report
+
+    config = SoakConfig(minutes, rate, seed, dedup_retention, ledger_retention).resolved()
+    layout = _layout(state_dir)
+    results = run_soak(layout, config, logs=report / "logs" if report is not None else None)
+    if report is not None:
+        results["report"] = str(write_report(results, report))
+    if as_json:
+        print_json(results)
+    else:
+        console.print(summary_table(results))
+        console.print(f"report: {results['report']}" if report is not None else f"logs: {results['logs']}")
+    if not results["checks"]["passed"]:
+        raise CheckFailed(f"the soak failed: {', '.join(results['checks']['failed'])}")
