@@ -70,8 +70,8 @@ def pytest_collection_modifyitems(config, items):
                       if item.module.__name__ in _LONG_MODULES else len(_LONG_MODULES))
 
 
-_LONG_MODULES = ["test_chaos", "test_typed_sink", "test_spark_replay", "test_secure", "test_crash", "test_demo_output",
-                 "test_spark_cluster", "test_profile", "test_bad_input"]
+_LONG_MODULES = ["test_chaos", "test_soak", "test_lifecycle", "test_typed_sink", "test_spark_replay", "test_secure",
+                 "test_crash", "test_demo_output", "test_spark_cluster", "test_profile", "test_bad_input"]
 
 
 @pytest.hookimpl(hookwrapper=True)
