@@ -7,6 +7,7 @@ signal, or a stop that outlives its deadline, ends the process at once, as a cra
 guarantee is built to survive a crash, so that is safe, only slower to recover from.
 """
 
+import contextlib
 import os
 import signal
 import sys
@@ -24,6 +25,21 @@ DEFAULT_WAIT_TIMEOUT_S = 60.0
 
 class StopRequested(Exception):
     """A stop was requested while a command was still starting (waiting for Kafka or Postgres)."""
+
+
+_reading_input = False  # inside interruptible_read(): a stop signal raises StopRequested there and then
+
+
+@contextlib.contextmanager
+def interruptible_read():
+    """Around a blocking read of the user's own input (stdin, a line typed at a terminal): no client call is
+    inside it, so a stop signal may end it with :class:`StopRequested` instead of waiting for the next line."""
+    global _reading_input
+    _reading_input = True
+    try:
+        yield
+    finally:
+        _reading_input = False
 
 
 class Shutdown:
@@ -91,6 +107,8 @@ class Shutdown:
         self._event.set()
         _say(f"{name}: stopping cleanly within {self.timeout:g} s (send it again to stop at once)")
         threading.Thread(target=self._deadline, args=(signum,), name="kdg-shutdown-deadline", daemon=True).start()
+        if _reading_input:
+            raise StopRequested(name)
 
     def _deadline(self, signum: int) -> None:
         if not self._done.wait(self.timeout):

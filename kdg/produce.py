@@ -265,6 +265,8 @@ def _send_plain(req, producer, outcomes, make_id, report) -> None:
                     outcomes.show()
                     if req.progress:
                         req.progress(report.sent)
+        if stop_requested() and not report.interrupted:  # the input ended because of it (stdin at a terminal)
+            _stopped(req, report)
         remaining = producer.flush(30 if report.interrupted else 120)
     finally:
         outcomes.settle(producer, reports, report.sent)
@@ -286,18 +288,20 @@ def _send_transactional(req, producer, outcomes, make_id, report) -> None:
     stop_requested = req.shutdown.check
     for seq, rec in enumerate(req.records):
         if stop_requested():
-            _stopped(req, report)
-            if producer.in_transaction:
-                # its records are delivered first: an abort racing the partitions' registration with the
-                # coordinator can be refused as INVALID_TXN_STATE (librdkafka#4849), fatal for the producer
-                producer.flush(req.shutdown.timeout / 2)
-                producer.abort()
-                report.open_transaction_aborted = True
-            return
+            break
         key, seq = _stamp(rec, seq, make_id)
         txn.add(rec, key, seq)
         if len(txn.records) >= req.txn_size or time.monotonic() >= txn.deadline:
             txn.commit()
+    if stop_requested():  # between records, or the input ended because of it (stdin at a terminal)
+        _stopped(req, report)
+        if producer.in_transaction:
+            # its records are delivered first: an abort racing the partitions' registration with the
+            # coordinator can be refused as INVALID_TXN_STATE (librdkafka#4849), fatal for the producer
+            producer.flush(req.shutdown.timeout / 2)
+            producer.abort()
+            report.open_transaction_aborted = True
+        return
     if txn.records:
         txn.commit()
 

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Iterator
 
 from kdg.errors import UsageError
+from kdg.lifecycle import StopRequested, interruptible_read
 from kdg.records import Record, from_envelope
 
 
@@ -33,9 +34,15 @@ def parse_headers(items: list[str]) -> list[tuple[str, bytes]]:
 def _open_lines(path: Path | None) -> Iterator[tuple[str, str]]:
     """``(where, line)`` pairs; a file is checked to be readable up front."""
     if path is None:
-        for n, line in enumerate(sys.stdin, 1):
+        lines, n = iter(sys.stdin), 0
+        while True:
+            try:
+                with interruptible_read():  # Ctrl-C at a terminal waiting for a line ends the input
+                    line = next(lines)
+            except (StopIteration, StopRequested):
+                return
+            n += 1
             yield f"<stdin>:{n}", line.rstrip("\n")
-        return
     try:
         handle = open(path, encoding="utf-8")
     except OSError as exc:
