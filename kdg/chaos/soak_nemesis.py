@@ -8,6 +8,7 @@ import random
 import signal
 import time
 
+from kdg.errors import KdgError
 from kdg.stack import cluster, postgres, procs
 
 KINDS = ("consumer-kill", "consumer-pause", "broker-kill", "postgres-restart", "ack-loss", "rolling-restart")
@@ -41,6 +42,8 @@ class Nemesis:
                  "failure": None}
         try:
             getattr(self, kind.replace("-", "_"))(entry)
+        except KdgError as exc:  # the fault could not be made or undone: a failure of the run, which goes on
+            entry["failure"] = f"{kind} at {entry['t']:.0f} s failed: {exc}"
         finally:
             entry["end_t"] = self.soak.now()
         return entry

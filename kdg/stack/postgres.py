@@ -159,11 +159,16 @@ def _create_database(layout: StackLayout) -> None:
 
 
 def stop(layout: StackLayout, *, hard: bool = False) -> bool:
-    """Fast shutdown (SIGINT: abort open transactions, then stop), or SIGKILL when ``hard``."""
+    """Fast shutdown (SIGINT: abort open transactions, then stop), or SIGKILL when ``hard`` — of the server
+    and of every backend it had: each leads a process group of its own, and one left behind holds the
+    server's shared memory, so that a new server refuses to start ("pre-existing shared memory block")."""
     p = pid(layout)
     if p is None:
         return False
+    backends = procs.children(p) if hard else []
     procs.stop_pid(p, hard=hard, sig=signal.SIGINT, timeout=60)
+    if backends:
+        procs.stop_pids(backends, hard=True, timeout=10)
     return True
 
 

@@ -56,6 +56,20 @@ def process_state(pid: int | None) -> str | None:
         return None
 
 
+def children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (from /proc), e.g. a PostgreSQL server's backends, which each
+    lead a process group of their own and so outlive a signal to the server's group."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid):  # after the name: state, then the parent's pid
+            found.append(int(stat.parent.name))
+    return found
+
+
 def stop_pid(pid: int, *, timeout: float = 30.0, hard: bool = False, sig: int = signal.SIGTERM) -> None:
     """Send ``sig`` (SIGKILL when ``hard``) to the process group of ``pid``; wait for it to go.
 
