@@ -5,10 +5,25 @@ Heavy libraries (confluent_kafka, asyncpg, pyspark) are imported inside commands
 """
 
 import os
+import signal
 import sys
+import threading
 from typing import Annotated
 
-import typer
+
+def _stop_at_once(signum, frame) -> None:
+    os._exit(128 + signum)
+
+
+# From the program's start until its command runs, a stop signal ends it at once (130, 143): nothing has
+# started that needs finishing, and a KeyboardInterrupt raised inside an import would end it with a
+# traceback and exit 1. Only when kdg is the program (`kdg`, `python -m kdg`), never for an importer.
+_AS_PROGRAM = os.path.basename(sys.argv[0] if sys.argv else "") in ("kdg", "__main__.py")
+if _AS_PROGRAM and threading.current_thread() is threading.main_thread():
+    signal.signal(signal.SIGINT, _stop_at_once)
+    signal.signal(signal.SIGTERM, _stop_at_once)
+
+import typer  # noqa: E402  (after the handlers: importing it is most of the start-up)
 
 from kdg.cli import chaos, db, mapping, stack
 from kdg.errors import KdgError
@@ -53,6 +68,9 @@ def main() -> None:
 
     _register()
     command = typer.main.get_command(app)
+    if _AS_PROGRAM and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # commands: Ctrl-C, or their own Shutdown
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         command.main(prog_name="kdg")
     except KdgError as exc:
