@@ -253,7 +253,7 @@ def _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics) 
                 _handle(msgs, req, policy, resolver, offsets, sink, report, metrics)
             elif sink.records_in_flight:  # idle: account for what finished writing meanwhile
                 _settle(sink.collect(), req, offsets, sink, report, metrics)
-            for skipped in sink.maintain_if_due():  # busy or idle: claims expire either way
+            for skipped in _maintain(req, offsets, sink, report, metrics):  # busy or idle: claims expire either way
                 req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
             stop = _stop_reason(req, msgs, end, report, last_data, sink.records_in_flight)
             if stop and sink.records_in_flight:  # decide on what is written, not on what is being written
@@ -265,6 +265,20 @@ def _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics) 
     finally:
         report.duration_s = round(time.monotonic() - started, 3)
         report.msgs_per_s = round(report.consumed / report.duration_s, 1) if report.duration_s else 0.0
+
+
+def _maintain(req, offsets, sink, report, metrics) -> list:
+    """The sink's own upkeep; Postgres gone meanwhile is an outage like one met writing a batch: the batches
+    in flight end (written, or read again), then it is waited for."""
+    try:
+        return sink.maintain_if_due()
+    except ConnectionFailed as exc:
+        if not sink.lost_connection():
+            raise
+        _settle(sink.drain(), req, offsets, sink, report, metrics)
+        if sink.lost_connection():  # nothing in flight met it: wait for it here
+            _wait_for_postgres(exc, Batch(), req, offsets, sink, report, metrics)
+        return []
 
 
 def _stop_reason(req, msgs, end, report, last_data: float, in_flight: int) -> str | None:

@@ -18,7 +18,8 @@ def test_a_two_minute_soak_fires_every_fault_and_keeps_exactly_once(stack):
     assert proc.stdout.strip(), f"kdg chaos soak exited {proc.returncode} without a report:\n{proc.stderr[-3000:]}"
     results = json.loads(proc.stdout)
     checks = results["checks"]
-    assert proc.returncode == 0, (checks["failed"], checks, proc.stderr[-2000:])
+    assert proc.returncode == 0, (checks["failed"], checks["processes"]["failures"], checks["faults"]["not_fired"],
+                                  proc.stderr[-2000:])
     assert all(checks["faults"]["fired"][kind] >= 1 for kind in KINDS), checks["faults"]
     for sink in ("typed", "kafka"):
         eos = checks["exactly_once"][sink]

@@ -106,6 +106,9 @@ class Member:
         if not self.alive:
             return self.ended(t_now())
         self.signal(signal.SIGCONT)
+        # an orchestrator's stop comes to a running member: one still starting (restarted a moment ago)
+        # is given the time to get there, as a rolling restart waits for readiness
+        self.wait_ready(60, time.sleep)
         self.signal(signal.SIGTERM)
         code = self.wait(timeout)
         if code is None:
