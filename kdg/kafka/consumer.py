@@ -152,10 +152,9 @@ class KdgConsumer:
                 start, end = self._consumer.get_watermark_offsets(tp, cached=True)
             except KafkaException:
                 continue
-            if end < 0:
-                continue  # not fetched yet: unknown
-            position = tp.offset if tp.offset >= 0 else start  # nothing read yet: all it holds is ahead
-            lags[(tp.topic, tp.partition)] = max(end - max(position, 0), 0)
+            if end < 0 or (tp.offset < 0 and start != end):
+                continue  # not fetched yet, or nothing read yet where there is something: unknown
+            lags[(tp.topic, tp.partition)] = max(end - tp.offset, 0) if tp.offset >= 0 else 0
         return lags
 
     def held_at_end(self) -> bool:
