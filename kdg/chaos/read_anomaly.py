@@ -6,14 +6,13 @@ consumer had read them. Under acks=1 the producer was told "ok" for exactly such
 never readable, then lost.
 """
 
-import signal
 import time
 import uuid
 
-from kdg.chaos.steps import PARKED_FETCH_EXPIRY_S, audit_topic, produce_acked, raw_produce, replicas, say
+from kdg.chaos.steps import audit_topic, fail_over, followers_paused, produce_acked, raw_produce, replicas, say
 from kdg.errors import StackError
 from kdg.records import ID_HEADER
-from kdg.stack import cluster, kafka_node
+from kdg.stack import kafka_node
 from kdg.stack.layout import HOST
 
 COMMITTED = 20       # produced with acks=all first, so the reader is seen to read, and where it stops
@@ -32,12 +31,7 @@ def read_anomaly(layout, echo) -> tuple[bool, str, dict]:
     committed, _ = raw_produce(layout, topic, COMMITTED, "all", timeout_ms=30_000)
     say(echo, f"1. topic {topic} (1 partition, RF 3): leader broker {leader}, followers {followers}; "
               f"{committed} records produced with acks=all, so every replica has them")
-    try:
-        for f in followers:
-            kafka_node.signal(layout, f, signal.SIGSTOP)
-        say(echo, f"2. followers {followers} paused (SIGSTOP): they stay in the ISR but copy nothing; "
-                  f"{PARKED_FETCH_EXPIRY_S:.0f} s for the fetches they sent before the pause to expire")
-        time.sleep(PARKED_FETCH_EXPIRY_S)
+    with followers_paused(layout, followers, echo, step=2):
         acked, failed = produce_acked(layout, topic, ACKS_1, "1", timeout_ms=8000, bootstrap=at_leader,
                                       first_seq=COMMITTED)
         offsets = sorted(offset for _, offset in acked.values())
@@ -54,15 +48,7 @@ def read_anomaly(layout, echo) -> tuple[bool, str, dict]:
                   f"{seen_before} of the acknowledged ones")
         kafka_node.stop(layout, leader, hard=True)
         say(echo, f"6. leader {leader} SIGKILLed before any follower copied the acknowledged records")
-    finally:
-        for f in followers:
-            kafka_node.signal(layout, f, signal.SIGCONT)
-    try:
-        elected, _ = replicas(layout, topic, lambda part: part.leader != leader, "a new leader", timeout=180)
-        say(echo, f"7. followers resumed; broker {elected} was elected from the ISR (unclean election stays off)")
-    finally:
-        cluster.start_node(layout, leader)
-    replicas(layout, topic, lambda part: leader in part.isrs, f"broker {leader} back in its ISR", timeout=120)
+    elected = fail_over(layout, topic, leader, echo, step=7)
     hw_after = high_watermarks(layout.bootstrap_servers, topic, extra)[0]
     read_after = _read(layout.bootstrap_servers, extra, topic, hw_after)
     seen_after = len(read_after.keys() & acked.keys())

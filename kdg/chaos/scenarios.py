@@ -6,14 +6,13 @@ and says whether the ending is the one the story predicts.
 
 import json
 import signal
-import time
 import uuid
 from dataclasses import dataclass
 from typing import Callable
 
 from kdg.chaos.cell import Cell, finish
 from kdg.chaos.read_anomaly import read_anomaly
-from kdg.chaos.steps import PARKED_FETCH_EXPIRY_S, audit_topic, last_errors, raw_produce, replicas, say
+from kdg.chaos.steps import audit_topic, fail_over, followers_paused, last_errors, raw_produce, replicas, say
 from kdg.errors import UsageError
 from kdg.stack import cluster, kafka_node
 from kdg.stack.layout import HOST, StackLayout
@@ -82,26 +81,13 @@ def _leader_loss(layout, echo, acks: str) -> dict:
     ensure_topic(layout.bootstrap_servers, topic, partitions=1, extra=layout.admin_properties())
     leader, followers = replicas(layout, topic)
     say(echo, f"1. acks={acks}: topic {topic}, leader broker {leader}, followers {followers}")
-    try:
-        for f in followers:
-            kafka_node.signal(layout, f, signal.SIGSTOP)
-        say(echo, f"2. followers {followers} paused (SIGSTOP): they stay in the ISR but copy nothing; "
-                  f"{PARKED_FETCH_EXPIRY_S:.0f} s for the fetches they sent before the pause to expire")
-        time.sleep(PARKED_FETCH_EXPIRY_S)
+    with followers_paused(layout, followers, echo, step=2):
         acked, failed = raw_produce(layout, topic, 200, acks, timeout_ms=8000,
                                     bootstrap=f"{HOST}:{layout.client_port(leader)}")
         say(echo, f"3. produced 200 records to the leader: {acked} acknowledged, {failed} failed")
         kafka_node.stop(layout, leader, hard=True)
         say(echo, f"4. leader {leader} SIGKILLed before any follower copied the records")
-    finally:
-        for f in followers:
-            kafka_node.signal(layout, f, signal.SIGCONT)
-    try:
-        elected, _ = replicas(layout, topic, lambda part: part.leader != leader, "a new leader", timeout=180)
-        say(echo, f"5. followers resumed; broker {elected} was elected from the ISR (unclean election stays off)")
-    finally:
-        cluster.start_node(layout, leader)
-    replicas(layout, topic, lambda part: leader in part.isrs, f"broker {leader} back in its ISR", timeout=120)
+    fail_over(layout, topic, leader, echo, step=5)
     say(echo, f"6. broker {leader} restarted, truncated its log to the new leader's and rejoined the ISR")
     return audit_topic(topic, layout, echo, sink=f"kafka:{topic}")
 

@@ -1,7 +1,9 @@
 """The steps the scenarios are made of: say a step, produce with plain acks into kdg's ledger, find a
-partition's leader, audit a topic."""
+partition's leader, pause its followers, fail it over, audit a topic."""
 
+import contextlib
 import json
+import signal
 import time
 import uuid
 
@@ -99,3 +101,36 @@ def replicas(layout, topic: str, until=lambda part: True, what: str = "a leader"
             return part.leader, [r for r in part.replicas if r != part.leader]
         time.sleep(0.5)
     raise StackError(f"partition 0 of {topic} did not get {what} within {timeout:.0f}s (a loaded machine?)")
+
+
+@contextlib.contextmanager
+def followers_paused(layout, followers: list[int], echo, step: int):
+    """The block runs with ``followers`` SIGSTOPped (in the ISR, copying nothing), once the fetches they sent
+    before the pause expired; they are continued after it, whatever happened."""
+    from kdg.stack import kafka_node
+
+    try:
+        for f in followers:
+            kafka_node.signal(layout, f, signal.SIGSTOP)
+        say(echo, f"{step}. followers {followers} paused (SIGSTOP): they stay in the ISR but copy nothing; "
+                  f"{PARKED_FETCH_EXPIRY_S:.0f} s for the fetches they sent before the pause to expire")
+        time.sleep(PARKED_FETCH_EXPIRY_S)
+        yield
+    finally:
+        for f in followers:
+            kafka_node.signal(layout, f, signal.SIGCONT)
+
+
+def fail_over(layout, topic: str, leader: int, echo, step: int) -> int:
+    """After ``leader`` was killed: wait for a new leader from the ISR, start the old one again and wait
+    until it is back in the ISR (its log cut back to the new leader's); the new leader."""
+    from kdg.stack import cluster
+
+    try:
+        elected, _ = replicas(layout, topic, lambda part: part.leader != leader, "a new leader", timeout=180)
+        say(echo, f"{step}. followers resumed; broker {elected} was elected from the ISR "
+                  "(unclean election stays off)")
+    finally:
+        cluster.start_node(layout, leader)
+    replicas(layout, topic, lambda part: leader in part.isrs, f"broker {leader} back in its ISR", timeout=120)
+    return elected
