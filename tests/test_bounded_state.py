@@ -114,8 +114,8 @@ def test_a_table_consumed_halfway_before_partitioned_claims_is_finished_after(kd
                       SELECT 'public.{table}', idempotency_key, topic, "partition", "offset"
                       FROM kdg_dedup ORDER BY idempotency_key LIMIT 10""")
         assert kdg("consume", topic, "-G", "g", "-e", env=env, check=False).returncode == 3  # 'run kdg db migrate'
-        assert as_json(kdg("db", "migrate", "--json", env=env))["applied"] == ["003_table_identity.sql",
-                                                                               "004_bounded_state.sql"]
+        assert as_json(kdg("db", "migrate", "--json", env=env))["applied"] == [
+            "003_table_identity.sql", "004_bounded_state.sql", "005_state_home.sql"]
         rest = as_json(kdg("consume", topic, "-G", f"a-{topic}", "-g", "exactly-once", "--table", table, "-e",
                            "--json", env=env))
         assert (rest["consumed"], rest["duplicates_suppressed"]) == (n // 2, 0), rest
@@ -128,6 +128,45 @@ def test_a_table_consumed_halfway_before_partitioned_claims_is_finished_after(kd
         with Store(dsn) as store:
             claims = store.fetch("SELECT sink_table, count(*) AS n FROM kdg_dedup GROUP BY 1")
         assert [(r["sink_table"], r["n"]) for r in claims] == [(f"public.{table}", n)], claims
+
+
+def test_shortening_a_retention_cuts_the_wide_partitions_made_before(kdg, conn):
+    """Claims and ledger rows kept a day, in day-wide partitions, are then kept 10 minutes: maintenance cuts
+    the open day at the end of today's 75-second slot (else it would outlive the window by up to a day) and
+    moves the rows past the cut (a producer's clock two hours ahead) into partitions of today's width,
+    losing none. A writer that read the window before the cut writes past it."""
+    with fresh_database(conn.pg_dsn, f"kdg_{uuid.uuid4().hex[:10]}") as dsn:
+        env = {"KDG_PG_DSN": dsn}
+        kdg("db", "migrate", env=env)
+        make, now = Uuid7Maker(), time.time_ns() // 1_000_000
+        ahead, further = (_uuid7_at(make(), now + h * 3_600_000) for h in (2, 1))
+        with Store(dsn) as writer:
+            table = writer.ensure_sink_table("app.t")
+            writer.write_claimed(table, "g", [(k, "tp", 0, i, None, b"v", "{}")
+                                              for i, k in enumerate([make(), ahead(0)])])
+            writer.execute("SELECT kdg_window_part('kdg_ledger', $1)", now)
+            writer.execute("INSERT INTO kdg_ledger (run_id, idempotency_key, topic, seq, status) "
+                           "VALUES (gen_random_uuid(), 'k', 'tp', 0, 'acked')")
+            maintained = as_json(kdg("db", "maintain", "--table", "app.t", "--dedup-retention", "10m",
+                                     "--ledger-retention", "10m", "--json", env=env))
+            assert all(w["narrowed"] >= 1 and not w["skipped"] for w in maintained["windows"]), maintained
+            wide = writer.fetch("SELECT relation, max(hi_ms) AS hi FROM kdg_window_parts WHERE hi_ms - lo_ms > 75000 "
+                                "GROUP BY 1")
+            assert len(wide) == 2 and all(now < r["hi"] <= now + 2 * 75_000 for r in wide), (now, wide)
+            # every partition's bounds, as Postgres routes rows, are those kdg_window_parts says
+            bounds = writer.fetch("""
+                SELECT p.part, pg_get_expr(c.relpartbound, c.oid) AS routed,
+                       format('FOR VALUES FROM (%L) TO (%L)', VARIADIC CASE w.time_column WHEN 'key_ms'
+                           THEN ARRAY[p.lo_ms::text, p.hi_ms::text]
+                           ELSE ARRAY[to_timestamp(p.lo_ms / 1000.0)::text, to_timestamp(p.hi_ms / 1000.0)::text] END)
+                           AS kept
+                FROM kdg_window_parts p JOIN kdg_windows w USING (relation) JOIN pg_class c ON c.oid = p.part::regclass""")
+            assert len(bounds) >= 4 and all(r["routed"] == r["kept"] for r in bounds), bounds
+            # the writer's window is the day-wide one it read: a key an hour ahead needs a partition made now
+            assert writer.write_claimed(table, "g", [(further(0), "tp", 0, 2, None, b"v", "{}")]) == 1
+            claims = writer.fetchval("SELECT array_agg(key_ms ORDER BY key_ms) FROM kdg_dedup")
+            assert claims[0] <= now + 1000 and claims[1:] == [now + 3_600_000, now + 7_200_000], (now, claims)
+            assert writer.fetchval("SELECT count(*) FROM kdg_ledger") == 1
 
 
 def _uuid7_at(template: str, ms: int):

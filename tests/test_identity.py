@@ -10,6 +10,7 @@ import uuid
 from urllib.parse import urlsplit, urlunsplit
 
 from conftest import as_json, audited
+from pg_server import fresh_database, run_sql
 
 from kdg.store.pg import Store
 
@@ -53,3 +54,29 @@ def test_one_spelling_under_two_search_paths_is_two_tables(kdg, conn, topic):
         claims = store.fetch("SELECT sink_table, count(*) AS n FROM kdg_dedup WHERE topic = $1 GROUP BY 1 ORDER BY 1",
                              topic)
     assert [(r["sink_table"], r["n"]) for r in claims] == [(f'{sa}."Ev"', N), (f'{sb}."Ev"', N)]
+    # the claim tables live with kdg's state, not in the consumer's first schema: dropping the user's
+    # schemas leaves them, and a session with another search path maintains them
+    with Store(conn.pg_dsn) as store:
+        homes = store.fetch("""SELECT DISTINCT c.relnamespace::regnamespace::text AS home FROM kdg_windows w,
+                               pg_partition_tree(w.relation::regclass) t JOIN pg_class c ON c.oid = t.relid
+                               WHERE w.sink_table = ANY($1)""", [f'{s}."Ev"' for s in (sa, sb)])
+        for schema in (sa, sb):
+            store.execute(f'DROP SCHEMA "{schema}" CASCADE')
+    assert [r["home"] for r in homes] == ["public"], homes
+    maintained = as_json(kdg("db", "maintain", "--json"))
+    assert {f'{s}."Ev"' for s in (sa, sb)} <= {w["sink_table"] for w in maintained["windows"]}, maintained
+
+
+def test_migrate_moves_state_tables_made_under_another_search_path_home(kdg, conn):
+    """Before migration 005 a claim table was made in the consumer's first schema; migrating moves it,
+    its partitions and rows to kdg's schema."""
+    with fresh_database(conn.pg_dsn, f"kdg_{uuid.uuid4().hex[:10]}") as dsn:
+        kdg("db", "migrate", env={"KDG_PG_DSN": dsn})
+        run_sql(dsn, """SELECT kdg_window_part(kdg_claim_table('app.t'), 5);
+                        INSERT INTO kdg_dedup VALUES ('app.t', 'k', 5, 'topic', 0, 0);
+                        ALTER TABLE kdg_dedup_1_0_86400000 SET SCHEMA app; ALTER TABLE kdg_dedup_1 SET SCHEMA app;
+                        DELETE FROM kdg_schema_migrations WHERE version = '005_state_home.sql'""")
+        assert as_json(kdg("db", "migrate", "--json", env={"KDG_PG_DSN": dsn}))["applied"] == ["005_state_home.sql"]
+        with Store(dsn) as store:
+            assert store.fetchval("SELECT count(*) FROM public.kdg_dedup_1_0_86400000 WHERE key_ms = 5") == 1
+            assert store.fetchval("SELECT count(*) FROM pg_class WHERE relnamespace = 'app'::regnamespace") == 0

@@ -134,13 +134,14 @@ class Soak:
         store = Store(self.layout.pg_dsn)
         if not hasattr(self, "claims_relation"):
             ident = store.resolve_table(table_name(self.typed))
+            self.claims_table = ident.text
             self.claims_relation = store.fetchval("SELECT relation FROM kdg_windows WHERE sink_table = $1", ident.text)
         return store
 
     def _table_sizes(self, store) -> dict:
-        size = ("SELECT coalesce(sum(pg_total_relation_size(part::regclass)), 0)::bigint FROM kdg_window_parts "
-                "WHERE relation = $1")
-        return {"claims_rows": store.fetchval(f'SELECT count(*) FROM "{self.claims_relation}"'),
+        from kdg.store.windows import SIZE as size
+
+        return {"claims_rows": store.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = $1", self.claims_table),
                 "claims_bytes": store.fetchval(size, self.claims_relation),
                 "ledger_rows": store.fetchval("SELECT count(*) FROM kdg_ledger WHERE topic = $1", self.topic),
                 "ledger_bytes": store.fetchval(size, "kdg_ledger")}

@@ -86,8 +86,8 @@ async def copy_claims(conn: asyncpg.Connection, claims: Claims, keyed: list[tupl
         return False
     try:
         async with conn.transaction():
-            await conn.copy_records_to_table(claims.window.relation, records=claims.rows(keyed),
-                                             columns=DEDUP_COLUMNS)
+            await conn.copy_records_to_table(claims.window.relation, schema_name=claims.window.schema,
+                                             records=claims.rows(keyed), columns=DEDUP_COLUMNS)
         return True
     except asyncpg.exceptions.UniqueViolationError:
         return False
@@ -174,7 +174,7 @@ class ClaimsMixin:
         # staged copy wins, and only the claimed (key, partition, offset) rows are inserted,
         # with the rows too old to be claimed.
         status = await self.conn.execute(f"""
-            WITH claimed AS ({CLAIM.format(claims=window.relation, stage="kdg_stage")})
+            WITH claimed AS ({CLAIM.format(claims=window.sql, stage="kdg_stage")})
             INSERT INTO {table.sql} (idempotency_key, consumer_group, topic, "partition", "offset",
                                  key, value, headers)
             SELECT s.idempotency_key, $4, s.topic, s."partition", s."offset", s.key, s.value, s.headers

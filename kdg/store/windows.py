@@ -62,9 +62,23 @@ class Window:
     width_ms: int
     horizon_ms: int | None
     parts: list[tuple[int, int]] = field(default_factory=list)   # [lo, hi) of each partition, as last read
+    schema: str = "public"   # where kdg's state lives (kdg_windows' schema): every partition is made there
+    version: object = None   # kdg_windows.updated_at as read: a change means the partitions changed shape
 
     def to_dict(self) -> dict:
         return asdict(self) | {"parts": len(self.parts)}
+
+    @property
+    def sql(self) -> str:
+        """The state table, schema-qualified: the session's search path may name another schema first."""
+        return f"{quote_ident(self.schema)}.{quote_ident(self.relation)}"
+
+    def part_sql(self, part: str) -> str:
+        return f"{quote_ident(self.schema)}.{quote_ident(part)}"
+
+
+def quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
 
 
 @dataclass
@@ -79,19 +93,29 @@ class Maintained:
     kept: int = 0
     horizon_ms: int | None = None
     bytes: int = 0
+    narrowed: int = 0              # partitions of a wider width cut at the end of today's slot
     skipped: str | None = None     # why nothing was done (another maintainer, a lock not granted in time)
 
 
 _WINDOW = """SELECT w.relation, w.sink_table, w.retention_ms, w.retention_from, w.width_ms, w.horizon_ms,
                     coalesce(array_agg(ARRAY[p.lo_ms, p.hi_ms] ORDER BY p.lo_ms) FILTER (WHERE p.part IS NOT NULL),
-                             '{}') AS parts
+                             '{}') AS parts,
+                    (SELECT nspname FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid
+                     WHERE c.oid = 'kdg_windows'::regclass) AS schema, w.updated_at
              FROM kdg_windows w LEFT JOIN kdg_window_parts p USING (relation)
              WHERE w.relation = $1 GROUP BY w.relation"""
 
 
+# The bytes on disk of one window's partitions (the partitions live in kdg_windows' schema)
+SIZE = """SELECT coalesce(sum(pg_total_relation_size(to_regclass(quote_ident(n.nspname) || '.' || quote_ident(p.part)))),
+                          0)::bigint
+          FROM kdg_window_parts p, pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid
+          WHERE c.oid = 'kdg_windows'::regclass AND p.relation = $1"""
+
+
 def _window(row) -> Window:
     return Window(row["relation"], row["sink_table"], row["retention_ms"], row["retention_from"], row["width_ms"],
-                  row["horizon_ms"], [(lo, hi) for lo, hi in row["parts"]])
+                  row["horizon_ms"], [(lo, hi) for lo, hi in row["parts"]], row["schema"], row["updated_at"])
 
 
 async def _windows(conn, relations: list[str] | None = None) -> list[Window]:
@@ -131,13 +155,15 @@ async def ensure_parts(conn, window: Window, times: list[int]) -> None:
 
 
 async def hold_horizon(conn, window: Window) -> None:
-    """Inside a claiming transaction: read the horizon, holding it until commit (maintenance waits)."""
+    """Inside a claiming transaction: read the horizon, holding it until commit (maintenance waits); the
+    window read again if maintenance changed it since (a horizon raised, partitions cut or made)."""
     await conn.execute("SELECT pg_advisory_xact_lock_shared($1, hashtext($2))", _HORIZON, window.relation)
     # a statement of its own, so its snapshot is taken after the lock: it sees what maintenance committed
-    horizon = await conn.fetchval("SELECT horizon_ms FROM kdg_windows WHERE relation = $1", window.relation)
-    if horizon != window.horizon_ms:
-        window.horizon_ms = horizon
-        window.parts = [(lo, hi) for lo, hi in window.parts if horizon is None or hi > horizon]
+    version = await conn.fetchval("SELECT updated_at FROM kdg_windows WHERE relation = $1", window.relation)
+    if version != window.version:
+        fresh = _window(await conn.fetchrow(_WINDOW, window.relation))
+        window.horizon_ms, window.parts, window.width_ms, window.version = (
+            fresh.horizon_ms, fresh.parts, fresh.width_ms, fresh.version)
 
 
 class WindowsMixin:
@@ -188,15 +214,14 @@ class WindowsMixin:
             await ensure_parts(self.conn, window, (at, at + window.width_ms))
             report.kept = len(window.parts)
             if sizes:
-                report.bytes = await self.conn.fetchval(
-                    "SELECT coalesce(sum(pg_total_relation_size(part::regclass)), 0)::bigint FROM kdg_window_parts "
-                    "WHERE relation = $1", window.relation)
+                report.bytes = await self.conn.fetchval(SIZE, window.relation)
         return done
 
     async def _expire(self, window: Window, at: int, report: Maintained) -> None:
         if window.retention_ms is None:
             return
         await self.conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _HORIZON, window.relation)
+        report.narrowed = await self._narrow(window, at)
         cut = at - window.retention_ms
         expired = await self.conn.fetch(
             "SELECT part, hi_ms FROM kdg_window_parts WHERE relation = $1 AND hi_ms <= $2 ORDER BY lo_ms",
@@ -204,7 +229,7 @@ class WindowsMixin:
         if not expired:
             return
         for row in expired:
-            await self.conn.execute(f'DROP TABLE IF EXISTS "{row["part"]}"')
+            await self.conn.execute(f'DROP TABLE IF EXISTS {window.part_sql(row["part"])}')
         horizon = max(window.horizon_ms or expired[-1]["hi_ms"], expired[-1]["hi_ms"])
         await self.conn.execute("DELETE FROM kdg_window_parts WHERE relation = $1 AND hi_ms <= $2",
                                 window.relation, cut)
@@ -213,3 +238,46 @@ class WindowsMixin:
         window.horizon_ms = report.horizon_ms = horizon
         window.parts = [(lo, hi) for lo, hi in window.parts if hi > cut]
         report.dropped = len(expired)
+
+    async def _narrow(self, window: Window, at: int) -> int:
+        """Cut each partition made under a wider width (before the retention was shortened) at the end of
+        the slot of today's width that holds ``at``, so it expires on today's schedule, not up to a day
+        later; rows past the cut move to partitions of today's width. Under the horizon lock, so no
+        claiming transaction is between; a writer without it (the ledger's) waits for the DETACH's lock."""
+        width = await self.conn.fetchval("SELECT width_ms FROM kdg_windows WHERE relation = $1", window.relation)
+        split = at - at % width + width
+        wide = await self.conn.fetch(
+            "SELECT part, lo_ms FROM kdg_window_parts WHERE relation = $1 AND hi_ms - lo_ms > $2 AND hi_ms > $3 "
+            "ORDER BY lo_ms", window.relation, width, split)
+        if not wide:
+            return 0
+        column = await self.conn.fetchval("SELECT time_column FROM kdg_windows WHERE relation = $1", window.relation)
+        if column == "key_ms":
+            t, bound = "key_ms", "$1::bigint"
+        else:
+            t, bound = "floor(extract(epoch FROM recorded_at) * 1000)::bigint", "to_timestamp($1::bigint / 1000.0)"
+        for row in wide:
+            old = window.part_sql(row["part"])
+            await self.conn.execute(f"ALTER TABLE {window.sql} DETACH PARTITION {old}")
+            if row["lo_ms"] < split:
+                name = f"{window.relation}_{row['lo_ms']}_{split}"
+                await self.conn.execute("UPDATE kdg_window_parts SET hi_ms = $2, part = $3 WHERE part = $1",
+                                        row["part"], split, name)
+            else:
+                await self.conn.execute("DELETE FROM kdg_window_parts WHERE part = $1", row["part"])
+            past = f"{column} >= {bound}"
+            for (ms,) in await self.conn.fetch(f"SELECT DISTINCT {t} FROM {old} WHERE {past} ORDER BY 1", split):
+                await self.conn.execute("SELECT kdg_window_part($1, $2)", window.relation, ms)
+            await self.conn.execute(f"WITH moved AS (DELETE FROM {old} WHERE {past} RETURNING *) "
+                                    f"INSERT INTO {window.sql} SELECT * FROM moved", split)
+            if row["lo_ms"] < split:
+                await self.conn.execute(f"ALTER TABLE {old} RENAME TO {quote_ident(name)}")
+                lo, hi = [await self.conn.fetchval(f"SELECT format('%L', {bound})", ms) for ms in (row["lo_ms"], split)]
+                await self.conn.execute(f"ALTER TABLE {window.sql} ATTACH PARTITION {window.part_sql(name)} "
+                                        f"FOR VALUES FROM ({lo}) TO ({hi})")
+            else:
+                await self.conn.execute(f"DROP TABLE {old}")
+        await self.conn.execute("UPDATE kdg_windows SET updated_at = now() WHERE relation = $1", window.relation)
+        fresh = _window(await self.conn.fetchrow(_WINDOW, window.relation))
+        window.parts, window.version = fresh.parts, fresh.version
+        return len(wide)
