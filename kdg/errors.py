@@ -90,6 +90,16 @@ class Fenced(DeliveryError):
     """A newer consumer owns these partitions now; this writer is a zombie and its batch was rolled back."""
 
 
+class ProducerFatal(DeliveryError):
+    """The producer client hit a fatal error: it can send nothing more. ``renewable``: a new client with the
+    same transactional.id recovers (librdkafka gave up on its own sequence bookkeeping, e.g. after timed-out
+    requests); not when another producer took the id over (fenced) or access was refused."""
+
+    def __init__(self, message: str, renewable: bool = False):
+        super().__init__(message)
+        self.renewable = renewable
+
+
 class TransactionAborted(DeliveryError):
     """Kafka made us abort the open transaction (``txn_requires_abort``); its records must be sent again."""
 

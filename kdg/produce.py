@@ -6,7 +6,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from kdg.errors import DeliveryError, TransactionAborted
+from kdg.errors import DeliveryError, ProducerFatal, TransactionAborted
 from kdg.guarantees import policy_for
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.producer import DeliveryReports, KdgProducer
@@ -56,6 +56,7 @@ class ProduceReport:
     unconfirmed: int = 0  # acks=0: sent, and no answer is ever expected
     transactions: int = 0
     aborted_transactions: int = 0
+    producer_renewals: int = 0  # a client dead of a renewable fatal error replaced (its transaction sent again)
     duration_s: float = 0.0
     msgs_per_s: float = 0.0
     interrupted: bool = False  # stopped before its input ended: the open transaction (if any) was aborted
@@ -299,7 +300,12 @@ def _send_transactional(req, producer, outcomes, make_id, report) -> None:
             # its records are delivered first: an abort racing the partitions' registration with the
             # coordinator can be refused as INVALID_TXN_STATE (librdkafka#4849), fatal for the producer
             producer.flush(req.shutdown.timeout / 2)
-            producer.abort()
+            try:
+                producer.abort()
+            except ProducerFatal as exc:
+                if not exc.renewable:
+                    raise
+                producer.renew()  # the new client's init_transactions aborts it
             report.open_transaction_aborted = True
         return
     if txn.records:
@@ -314,6 +320,7 @@ class _Transaction:
         self.records: list[tuple[Record, str, int]] = []
         self.reports = self._new_reports()
         self.deadline = 0.0
+        self.renewals = 0  # in a row, since the last commit
 
     def _new_reports(self) -> DeliveryReports | None:
         return DeliveryReports() if self.outcomes.needs_every_report else None
@@ -323,7 +330,10 @@ class _Transaction:
             self.producer.begin()
             self.deadline = time.monotonic() + self.req.txn_interval_ms / 1000
         self.records.append((rec, key, seq))
-        self._send(rec, key, seq)
+        try:
+            self._send(rec, key, seq)
+        except ProducerFatal as exc:
+            self._renew(exc)
 
     def _send(self, rec: Record, key: str, seq: int) -> None:
         cb = self.reports.tracker(key, seq) if self.reports is not None else None
@@ -336,19 +346,37 @@ class _Transaction:
                 break
             except TransactionAborted:
                 self.producer.abort()
-                self.report.aborted_transactions += 1
-                # the aborted attempt's records were purged and reported failed: they are sent again
-                self.producer.take_failures()
-                self.reports = self._new_reports()
-                self.producer.begin()
-                for rec, key, seq in self.records:
-                    self._send(rec, key, seq)
+                self._again()
+            except ProducerFatal as exc:
+                self._renew(exc)
         else:
             raise DeliveryError(f"a transaction was aborted {MAX_TXN_RETRIES} times in a row; stopping")
         self.outcomes.settle(self.producer, self.reports, len(self.records))
         self.report.sent += len(self.records)
         self.report.transactions += 1
+        self.renewals = 0
         self.outcomes.show()
         self.records, self.reports = [], self._new_reports()
         if self.req.progress:
             self.req.progress(self.report.sent)
+
+    def _again(self) -> None:
+        """The open transaction was aborted: its records were purged and reported failed; send them again."""
+        self.report.aborted_transactions += 1
+        self.producer.take_failures()
+        self.reports = self._new_reports()
+        self.producer.begin()
+        for rec, key, seq in self.records:
+            self._send(rec, key, seq)
+
+    def _renew(self, exc: ProducerFatal) -> None:
+        """The client died of a fatal error: if a new one can go on (:data:`kdg.kafka.producer.RENEWABLE`),
+        it takes over the transactional.id, which aborts the open transaction, and its records go again."""
+        if not exc.renewable or self.renewals >= MAX_TXN_RETRIES:
+            raise exc
+        self.renewals += 1
+        self.report.producer_renewals += 1
+        self.req.notice(f"{exc}; a new producer takes over the transactional.id (aborting the open transaction) "
+                        f"and sends its {len(self.records)} records again")
+        self.producer.renew()
+        self._again()

@@ -77,7 +77,7 @@ def start_external_postgres() -> tuple[str, Path]:
     """
     bins = bin_dir()
     base = Path(tempfile.mkdtemp(prefix="kdg-test-extpg-"))
-    data, log = base / "data", base / "postgres.log"
+    data = base / "data"
     try:
         if os.geteuid() == 0:
             account = pwd.getpwnam(OS_USER)

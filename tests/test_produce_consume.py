@@ -258,3 +258,42 @@ def test_a_record_the_kafka_sinks_topic_refuses_stops_the_consumer_before_its_of
     # the refused record's whole produce request is refused with it: 1 to 10 records
     assert re.search(r"were refused by Kafka: \d+ MSG_SIZE_TOO_LARGE", proc.stderr), proc.stderr
     assert _committed(conn, group, topic) == 50
+
+
+def test_a_producer_dead_of_a_renewable_fatal_error_is_replaced_and_its_transaction_sent_once(kdg, conn, topic,
+                                                                                             monkeypatch):
+    """librdkafka kills a transactional client for good on some errors of its own sequence bookkeeping (seen
+    in the soak: OUT_OF_ORDER_SEQUENCE_NUMBER after timed-out requests), and no fault makes one on demand.
+    So the second commit here answers as a dead client does; everything after is real: a new client takes
+    the transactional.id over, which aborts the open transaction on the brokers, and sends it again. The
+    audit is 0/0 (each record once, for a read_committed reader); a fenced producer is not replaced."""
+    from confluent_kafka import KafkaError
+
+    from kdg.errors import ProducerFatal
+    from kdg.kafka.producer import KdgProducer
+    from kdg.produce import ProduceRequest, run_produce
+    from kdg.sources import LineOptions, synthetic
+
+    real_commit, commits = KdgProducer.commit, []
+
+    def dies_once(self):
+        commits.append((self, self._producer))
+        if len(commits) == 2:
+            self._producer.flush(30)  # its records are on the brokers, in the open transaction
+            err = KafkaError(KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, "rewound sequence number", fatal=True)
+            raise self._fatal_error("commit_transaction", err)
+        real_commit(self)
+
+    monkeypatch.setattr(KdgProducer, "commit", dies_once)
+    report = run_produce(ProduceRequest(topic, "exactly-once", synthetic(3000, 64, None, LineOptions()), conn,
+                                        txn_size=1000))
+    assert (report.sent, report.acked, report.transactions, report.producer_renewals) == (3000, 3000, 3, 1), report
+    assert commits[1][1] is not commits[2][1]  # the third attempt was made by a new client
+    consumed = as_json(kdg("consume", topic, "-G", f"g-{topic}", "-g", "exactly-once", "-e", "--json"))
+    assert consumed["consumed"] == 3000, consumed  # the aborted first copy of the second transaction is never read
+    audit = audited(kdg, topic, "-G", f"g-{topic}")
+    assert (audit["acked"], audit["rows"], audit["lost"], audit["duplicates"]) == (3000, 3000, 0, 0), audit
+    fenced = KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)
+    with pytest.raises(ProducerFatal, match="took this transactional.id over") as refused:
+        raise commits[0][0]._fatal_error("commit_transaction", fenced)
+    assert not refused.value.renewable

@@ -3,7 +3,6 @@
 Each guarantee test also shows the weaker guarantee's anomaly, so the fault is known to be real.
 """
 
-import json
 import uuid
 
 import pytest

@@ -7,9 +7,9 @@ from functools import partial
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kdg.errors import DeliveryError, TransactionAborted, UsageError
+from kdg.errors import DeliveryError, ProducerFatal, TransactionAborted, UsageError
 from kdg.guarantees import DeliveryPolicy
-from kdg.kafka.access import check
+from kdg.kafka.access import check, on_error
 from kdg.kafka.clients import Role, client_config, new_producer
 
 
@@ -28,6 +28,15 @@ def producer_config(policy: DeliveryPolicy, bootstrap: str, extra: dict, transac
 
 
 _ANY_PARTITION = -1  # RD_KAFKA_PARTITION_UA: librdkafka's partitioner chooses
+
+# Fatal errors that a new client with the same transactional.id recovers from: the idempotent producer's
+# sequence bookkeeping gave up (timed-out requests whose fate it could not settle; a broker that forgot the
+# producer), not another producer taking the id over. They come from produce requests, which librdkafka
+# settles before it sends EndTxn, so the open transaction was never committed: the new client's
+# init_transactions aborts it, and its records can be sent again.
+RENEWABLE = frozenset({KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.UNKNOWN_PRODUCER_ID,
+                       KafkaError.DUPLICATE_SEQUENCE_NUMBER})
+_FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 
 
 class DeliveryReports:
@@ -88,8 +97,10 @@ class KdgProducer:
         self.transactional = policy.transactional and role is Role.PRODUCER
         self.config = producer_config(policy, bootstrap, extra or {}, transactional_id, role)
         self._failures: Counter[str] = Counter()
+        self._fatal: KafkaError | None = None  # the fatal error behind a later _FATAL, heard by error_cb
         reports = {} if every_report else {"delivery.report.only.error": True, "on_delivery": self._count_failure}
-        self._producer = new_producer({**self.config, **reports}, role)
+        self._role, self._client_config = role, {**self.config, **reports, "error_cb": self._on_error}
+        self._producer = new_producer(self._client_config, role)
         self.in_transaction = False
         if init:
             self.init()
@@ -98,6 +109,34 @@ class KdgProducer:
         """Register the transactional.id with its coordinator, fencing any older producer that had it."""
         if self.transactional:
             self._call("init_transactions", timeout=60)
+
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = err
+        on_error(err)
+
+    def _fatal_error(self, doing: str, err: KafkaError) -> ProducerFatal:
+        """``err`` (fatal) as kdg's error; a bare _FATAL (what a call answers once the client is dead) is
+        replaced by the error that killed it, as error_cb heard it."""
+        if err.code() == KafkaError._FATAL and self._fatal is None:
+            self._producer.poll(0)  # serve error_cb: it names the cause
+        cause = self._fatal if err.code() == KafkaError._FATAL and self._fatal is not None else err
+        fenced = " (another producer took this transactional.id over)" if cause.code() in _FENCED else ""
+        return ProducerFatal(f"{doing}: fatal Kafka error {cause.name()}: {cause.str()}{fenced}",
+                             renewable=self.transactional and cause.code() in RENEWABLE)
+
+    def renew(self) -> None:
+        """Replace a client that died of a :data:`RENEWABLE` error by a new one with the same
+        transactional.id: its init_transactions bumps the epoch and aborts the transaction the old one
+        left open. The old client's records are purged unsent (their reports are never served)."""
+        old, self._fatal, self.in_transaction = self._producer, None, False
+        try:
+            old.purge()
+        except KafkaException:
+            pass
+        del old  # destroyed here: nothing is left in it to deliver
+        self._producer = new_producer(self._client_config, self._role)
+        self.init()
 
     def send(self, topic: str, value, key=None, headers=None, partition: int | None = None, on_delivery=None) -> None:
         """Queue one record; ``on_delivery(err, msg)`` hears its outcome from :meth:`poll` or :meth:`flush`."""
@@ -114,6 +153,8 @@ class KdgProducer:
                 self._producer.poll(0.05)  # queue full: serve delivery reports, then try again
             except KafkaException as exc:
                 check(exc.args[0], f"producing to {topic!r}")
+                if exc.args[0].fatal() or exc.args[0].code() == KafkaError._FATAL:
+                    raise self._fatal_error(f"produce to {topic}", exc.args[0]) from exc
                 raise DeliveryError(f"produce to {topic} failed: {exc.args[0].str()}") from exc
 
     def poll(self, timeout: float = 0) -> int:
@@ -188,9 +229,8 @@ class KdgProducer:
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
                 check(err, name)
-                if err.fatal():
-                    raise DeliveryError(f"{name}: fatal Kafka error {err.name()}: {err.str()} "
-                                        "(another producer with this transactional.id may have fenced this one)") from exc
+                if err.fatal() or err.code() == KafkaError._FATAL:
+                    raise self._fatal_error(name, err) from exc
                 if err.txn_requires_abort():
                     raise TransactionAborted(f"{name}: {err.str()}") from exc
                 if not err.retriable():
