@@ -10,8 +10,6 @@ import pytest
 from kdg.chaos.soak_nemesis import KINDS
 
 
-# in `make test-long` for now: in the full suite its Postgres restart twice did not fire (not explained yet)
-@pytest.mark.long
 @pytest.mark.disrupts_stack
 def test_a_two_minute_soak_fires_every_fault_and_keeps_exactly_once(stack):
     proc = subprocess.run([sys.executable, "-m", "kdg", "chaos", "soak", "--minutes", "2", "--rate", "200", "--seed",
@@ -20,8 +18,8 @@ def test_a_two_minute_soak_fires_every_fault_and_keeps_exactly_once(stack):
     assert proc.stdout.strip(), f"kdg chaos soak exited {proc.returncode} without a report:\n{proc.stderr[-3000:]}"
     results = json.loads(proc.stdout)
     checks = results["checks"]
-    assert proc.returncode == 0, (checks["failed"], checks["processes"]["failures"], checks["faults"]["not_fired"],
-                                  proc.stderr[-2000:])
+    unfired = [e for e in results["timeline"] if e.get("kind") in KINDS and not e.get("fired")]
+    assert proc.returncode == 0, (checks["failed"], checks["processes"]["failures"], unfired, proc.stderr[-2000:])
     assert all(checks["faults"]["fired"][kind] >= 1 for kind in KINDS), checks["faults"]
     for sink in ("typed", "kafka"):
         eos = checks["exactly_once"][sink]

@@ -91,8 +91,10 @@ class Nemesis:
             return
         before = postgres.pid(layout)
         after = postgres.restart(layout, hard=True)
-        e["fired"] = before is not None and after != before
-        e["note"] = f"SIGKILL pid {before}, restarted as {after}"
+        e["fired"] = before is not None and after != before and procs.process_state(before) in (None, "Z")
+        e["note"] = (f"SIGKILL pid {before}, restarted as {after}" if before is not None else
+                     f"no running Postgres found by its pidfile (state {postgres.pid_state(layout)}); "
+                     f"started as {after}")
 
     def ack_loss(self, e: dict) -> None:
         proxy = self.soak.proxy

@@ -97,6 +97,17 @@ def pid(layout: StackLayout) -> int | None:
     return procs.read_pid(_pidfile(layout)) if is_running(layout) else None
 
 
+def pid_state(layout: StackLayout) -> str:
+    """What the pidfile says, for a message: its pid, that process's state and whether it runs this server."""
+    recorded = procs.read_pid(_pidfile(layout))
+    try:
+        postmaster = (_data_dir(layout) / "postmaster.pid").read_text().split("\n", 1)[0]
+    except OSError:
+        postmaster = None
+    return (f"pidfile {_pidfile(layout)} names {recorded} (process state "
+            f"{procs.process_state(recorded) if recorded else None}); postmaster.pid names {postmaster}")
+
+
 def start(layout: StackLayout, timeout: float = 60.0) -> int:
     """Start the server unless it runs; wait until it accepts connections; create the database."""
     if (p := pid(layout)) is not None:

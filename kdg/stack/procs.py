@@ -89,10 +89,11 @@ def stop_pids(pids: list[int], *, timeout: float = 30.0, hard: bool = False, sig
         try:
             os.killpg(pid, signal.SIGCONT)  # a paused process cannot act on SIGTERM
             os.killpg(pid, sig)
-        except ProcessLookupError:
-            pass
-        except PermissionError:
-            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):  # not a group leader (any more), or not ours to signal
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not any(_alive(pid) or _group_alive(pid) for pid in pids):
