@@ -5,6 +5,11 @@ A signal never raises inside librdkafka or asyncpg: :class:`Shutdown`'s handler 
 (and notes which signal it was) that the command's loop reads between client calls. A second
 signal, or a stop that outlives its deadline, ends the process at once, as a crash would; every
 guarantee is built to survive a crash, so that is safe, only slower to recover from.
+
+The signals are counted, and the deadline armed, by a thread that reads them from the interpreter's
+wakeup fd, not by the Python-level handler: that handler runs only when the main thread is back in
+Python, and a client call can hang far longer than any deadline (librdkafka#5456: send_offsets_to_transaction
+ignores its timeout while the group coordinator is down; seen in a soak, stuck for minutes).
 """
 
 import contextlib
@@ -59,6 +64,8 @@ class Shutdown:
         self.check = self._event.is_set  # ``requested`` as a bound method, for a per-record loop
         self._done = threading.Event()
         self._previous: dict[int, object] = {}
+        self._seen = 0                            # stop signals counted (by the watcher thread)
+        self._wakeup: tuple[int, int] | None = None  # (read end, previous wakeup fd) while watching
 
     @property
     def requested(self) -> bool:
@@ -82,7 +89,23 @@ class Shutdown:
         if threading.current_thread() is threading.main_thread():
             for sig in STOP_SIGNALS:
                 self._previous[sig] = signal.signal(sig, self._handle)
+            self._watch()
         return self
+
+    def _watch(self) -> None:
+        """Count stop signals on a thread of their own, as the C-level handler writes them to the wakeup fd."""
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._wakeup = (read, signal.set_wakeup_fd(write, warn_on_full_buffer=False))
+        self._wakeup_write = write
+        threading.Thread(target=self._watcher, args=(read,), name="kdg-signal-watcher", daemon=True).start()
+
+    def _watcher(self, read: int) -> None:
+        while data := _read(read):
+            for signum in data:
+                if signum in STOP_SIGNALS:
+                    self._arrived(signum)
+        os.close(read)
 
     def reclaim(self) -> None:
         """Take the signals back from a library that installed its own handlers since (PySpark takes SIGINT)."""
@@ -97,23 +120,44 @@ class Shutdown:
         for sig, handler in self._previous.items():
             signal.signal(sig, handler)
         self._previous.clear()
+        if self._wakeup is not None:
+            read, previous = self._wakeup
+            signal.set_wakeup_fd(previous)
+            os.close(self._wakeup_write)  # the watcher reads end-of-file and ends
+            self._wakeup = None
 
     def _handle(self, signum: int, frame) -> None:
+        """The Python-level handler (main thread, once it is back in Python): the flag, and the end of a
+        wait for the user's input. Counting and the deadline are the watcher's, which saw it first."""
+        self._mark(signum)
+        if _reading_input:
+            raise StopRequested(signal.Signals(signum).name)
+
+    def _mark(self, signum: int) -> None:
+        self.signal = self.signal or signal.Signals(signum).name
+        self._event.set()
+
+    def _arrived(self, signum: int) -> None:
         name = signal.Signals(signum).name
-        if self._event.is_set():
+        self._seen += 1
+        if self._seen > 1:
             _exit_now(f"{name} again: stopping at once, without finishing the batch in flight "
                       "(the guarantee holds, as after a crash)", signum)
-        self.signal = name
-        self._event.set()
+        self._mark(signum)
         _say(f"{name}: stopping cleanly within {self.timeout:g} s (send it again to stop at once)")
         threading.Thread(target=self._deadline, args=(signum,), name="kdg-shutdown-deadline", daemon=True).start()
-        if _reading_input:
-            raise StopRequested(name)
 
     def _deadline(self, signum: int) -> None:
         if not self._done.wait(self.timeout):
             _exit_now(f"the stop did not finish within --shutdown-timeout {self.timeout:g} s: stopping at once "
                       "(the guarantee holds, as after a crash)", signum)
+
+
+def _read(fd: int) -> bytes:
+    try:
+        return os.read(fd, 64)
+    except OSError:
+        return b""
 
 
 def _say(text: str) -> None:

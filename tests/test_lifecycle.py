@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import as_json, audited
 from pg_server import free_port, pause_external_postgres, resume_external_postgres, start_external_postgres, \
     stop_external_postgres
+from kdg.chaos.proxy import FaultProxy
 from kdg.stack.cluster import java_classpath, require_java
 
 HANDLERS = {"PYTHONPATH": str(Path(__file__).parent)}
@@ -159,6 +160,25 @@ def test_ctrl_c_during_an_exactly_once_produce_aborts_cleanly_every_time(stack, 
     states = _transaction_states(stack.bootstrap_servers, prefix)
     assert states and "Ongoing" not in states.values(), states
     assert aborted > 0  # some stops did land inside a transaction
+
+
+def test_a_stop_while_a_client_call_hangs_still_ends_at_the_deadline(stack, kdg_spawn, topic):
+    """Every produce response swallowed: the exactly-once producer's main thread waits inside librdkafka's
+    commit_transaction (up to a minute), where no Python handler runs. SIGTERM is counted off the main
+    thread, so the stop still ends at --shutdown-timeout: exit 143, and it says why (a crash, which the
+    guarantee survives). Before, the stop waited for the call to return, and a call that hangs (librdkafka#5456)
+    kept the process alive for good."""
+    with FaultProxy(stack) as proxy:
+        proc = kdg_spawn("produce", topic, "-g", "exactly-once", "--rate", 500, "-b", stack.proxy_bootstrap,
+                         "--shutdown-timeout", 3, "--json")
+        _wait_for(lambda: proxy.accepted > 0, "the producer's connections through the proxy", proc)
+        time.sleep(2)
+        proxy.drop_produce_responses(1_000_000)
+        _wait_for(lambda: proxy.dropped > 0, "a swallowed produce response", proc)
+        time.sleep(2)  # the open transaction's commit now waits for acknowledgements that never come
+        code, took, _, err = _stop(proc)
+    assert code == 143 and took < 15, (code, took, err[-2000:])
+    assert "did not finish within --shutdown-timeout 3 s" in err, err[-2000:]
 
 
 def test_a_consumer_started_before_its_postgres_waits_for_it(kdg, kdg_spawn, topic, group):
