@@ -260,19 +260,12 @@ def test_a_record_the_kafka_sinks_topic_refuses_stops_the_consumer_before_its_of
     assert _committed(conn, group, topic) == 50
 
 
-def test_a_producer_dead_of_a_renewable_fatal_error_is_replaced_and_its_transaction_sent_once(kdg, conn, topic,
-                                                                                             monkeypatch):
-    """librdkafka kills a transactional client for good on some errors of its own sequence bookkeeping (seen
-    in the soak: OUT_OF_ORDER_SEQUENCE_NUMBER after timed-out requests), and no fault makes one on demand.
-    So the second commit here answers as a dead client does; everything after is real: a new client takes
-    the transactional.id over, which aborts the open transaction on the brokers, and sends it again. The
-    audit is 0/0 (each record once, for a read_committed reader); a fenced producer is not replaced."""
+def _second_commit_dies(monkeypatch) -> list:
+    """Make KdgProducer's second commit answer as a client dead of OUT_OF_ORDER_SEQUENCE_NUMBER does (after its
+    records reached the brokers); the commits made, as (KdgProducer, its client) pairs."""
     from confluent_kafka import KafkaError
 
-    from kdg.errors import ProducerFatal
     from kdg.kafka.producer import KdgProducer
-    from kdg.produce import ProduceRequest, run_produce
-    from kdg.sources import LineOptions, synthetic
 
     real_commit, commits = KdgProducer.commit, []
 
@@ -285,6 +278,25 @@ def test_a_producer_dead_of_a_renewable_fatal_error_is_replaced_and_its_transact
         real_commit(self)
 
     monkeypatch.setattr(KdgProducer, "commit", dies_once)
+    return commits
+
+
+def test_a_producer_dead_of_a_renewable_fatal_error_is_replaced_and_its_transaction_sent_once(kdg, conn, topic,
+                                                                                             monkeypatch):
+    """librdkafka kills a transactional client for good on some errors of its own sequence bookkeeping (seen
+    in the soak: OUT_OF_ORDER_SEQUENCE_NUMBER after timed-out requests), and no fault makes one on demand.
+    So the second commit here answers as a dead client does; everything after is real: a new client takes
+    the transactional.id over, which aborts the open transaction on the brokers, and sends it again. The
+    audit is 0/0 (each record once, for a read_committed reader), in `produce` and in the Kafka sink of
+    `consume`; a fenced producer is not replaced."""
+    from confluent_kafka import KafkaError
+
+    from kdg.consume import ConsumeRequest, run_consume
+    from kdg.errors import ProducerFatal
+    from kdg.produce import ProduceRequest, run_produce
+    from kdg.sources import LineOptions, synthetic
+
+    commits = _second_commit_dies(monkeypatch)
     report = run_produce(ProduceRequest(topic, "exactly-once", synthetic(3000, 64, None, LineOptions()), conn,
                                         txn_size=1000))
     assert (report.sent, report.acked, report.transactions, report.producer_renewals) == (3000, 3000, 3, 1), report
@@ -293,6 +305,16 @@ def test_a_producer_dead_of_a_renewable_fatal_error_is_replaced_and_its_transact
     assert consumed["consumed"] == 3000, consumed  # the aborted first copy of the second transaction is never read
     audit = audited(kdg, topic, "-G", f"g-{topic}")
     assert (audit["acked"], audit["rows"], audit["lost"], audit["duplicates"]) == (3000, 3000, 0, 0), audit
+
+    # the Kafka sink: the batch whose commit died is read again from its first offsets, by a new client
+    commits.clear()
+    out = f"{topic}-out"
+    sunk = run_consume(ConsumeRequest(topic, f"k-{topic}", "exactly-once", conn, sink=f"kafka:{out}", exit_at_end=True,
+                                      batch_size=1000))
+    assert (sunk.consumed, sunk.fenced_batches) == (3000, 1) and len(commits) >= 4, (sunk, len(commits))
+    audit = audited(kdg, topic, "--sink", f"kafka:{out}")
+    assert (audit["acked"], audit["lost"], audit["duplicates"], audit["unexpected"]) == (3000, 0, 0, 0), audit
+
     fenced = KafkaError(KafkaError.PRODUCER_FENCED, "fenced", fatal=True)
     with pytest.raises(ProducerFatal, match="took this transactional.id over") as refused:
         raise commits[0][0]._fatal_error("commit_transaction", fenced)

@@ -3,7 +3,7 @@
 from confluent_kafka import TopicPartition
 
 from kdg import faults
-from kdg.errors import RetryBatch, TransactionAborted
+from kdg.errors import ProducerFatal, RetryBatch, TransactionAborted
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.producer import KdgProducer, refused
 from kdg.sinks import Batch, Sink, WriteResult
@@ -48,6 +48,11 @@ class KafkaSink(Sink):
             if failures:  # sent again, they would be refused again: stop, nothing of the batch committed
                 raise refused(f"records to {self.out_topic} (or dead letters to {self.dlq.topic})", failures) from exc
             raise RetryBatch(str(exc)) from exc
+        except ProducerFatal as exc:  # never committed: a new client's init_transactions aborts it
+            if not exc.renewable:
+                raise
+            self.producer.renew()
+            raise RetryBatch(f"{exc}; a new producer took the transactional.id over") from exc
         return WriteResult(len(batch.records), 0)
 
     def close(self) -> None:
