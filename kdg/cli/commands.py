@@ -1,5 +1,6 @@
 """Top-level commands. Each declares its options, calls one library function and renders its report."""
 
+import contextlib
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -52,10 +53,11 @@ def _notice(text: str) -> None:
 
 
 def _run_with_bar(bar, run, req):
-    """Call ``run(req)`` with the progress bar (if any) live on stderr."""
-    if bar is None:
-        return run(req)
-    with bar:
+    """Call ``run(req)`` (a long-running command) with the progress bar (if any) live on stderr, and the native
+    memory its clients free given back to the system (:mod:`kdg.memory`)."""
+    from kdg.memory import returned_to_the_system
+
+    with returned_to_the_system(), bar if bar is not None else contextlib.nullcontext():
         return run(req)
 
 

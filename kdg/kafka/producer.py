@@ -121,9 +121,10 @@ class KdgProducer:
         if err.code() == KafkaError._FATAL and self._fatal is None:
             self._producer.poll(0)  # serve error_cb: it names the cause
         cause = self._fatal if err.code() == KafkaError._FATAL and self._fatal is not None else err
-        fenced = " (another producer took this transactional.id over)" if cause.code() in _FENCED else ""
-        return ProducerFatal(f"{doing}: fatal Kafka error {cause.name()}: {cause.str()}{fenced}",
-                             renewable=self.transactional and cause.code() in RENEWABLE)
+        fenced = cause.code() in _FENCED
+        hint = " (another producer took this transactional.id over)" if fenced else ""
+        return ProducerFatal(f"{doing}: fatal Kafka error {cause.name()}: {cause.str()}{hint}",
+                             renewable=self.transactional and cause.code() in RENEWABLE, fenced=fenced)
 
     def renew(self) -> None:
         """Replace a client that died of a :data:`RENEWABLE` error by a new one with the same

@@ -15,8 +15,12 @@ class KafkaSink(Sink):
     keeps_offsets = False   # ... and so they stay in Kafka, with the group
 
     def __init__(self, policy, bootstrap: str, extra: dict, out_topic: str, dlq: DeadLetterQueue,
-                 transactional_id: str, consumer, partitions: int = 3):
-        self.out_topic, self.dlq, self.consumer = out_topic, dlq, consumer
+                 transactional_id: str, consumer, partitions: int = 3, own_id: bool = False):
+        """``own_id``: the transactional.id is this process's alone (kdg's default names host and pid), so
+        a fence can only be librdkafka bumping its own epoch after a timeout (seen after broker kills), and
+        the producer is replaced; a zombie member is still stopped by the group's generation, which its
+        offsets carry. A user's --transactional-id may be another live process's: a fence then stops it."""
+        self.out_topic, self.dlq, self.consumer, self.own_id = out_topic, dlq, consumer, own_id
         # failures only (take_failures): a record Kafka refuses stops the consumer before its offsets move
         self.producer = KdgProducer(policy, bootstrap, extra, transactional_id=transactional_id, every_report=False)
         ensure_topic(bootstrap, out_topic, partitions=partitions, extra=extra)
@@ -33,6 +37,7 @@ class KafkaSink(Sink):
             self.producer.deliver(f"records to {self.out_topic}", timeout=120)
             return WriteResult(len(batch.records), 0)
         self.producer.begin()
+        committing = False
         try:
             self._send(batch)
             self.dlq.send(batch.dead, producer=self.producer)
@@ -40,20 +45,31 @@ class KafkaSink(Sink):
             self.producer.send_offsets(offsets, self.consumer.group_metadata())
             faults.reach("inside-pg-transaction")
             faults.reach("after-process-before-commit")
+            committing = True
             self.producer.commit()
         except TransactionAborted as exc:
             failures = self.producer.take_failures()  # records of the transaction Kafka refused, if that is why
-            self.producer.abort()
+            try:
+                self.producer.abort()
+            except ProducerFatal as fatal:  # aborting anyway: nothing of it was committed
+                self._renew(fatal, committing=False)
             self.producer.take_failures()  # the aborted transaction's other records, purged
             if failures:  # sent again, they would be refused again: stop, nothing of the batch committed
                 raise refused(f"records to {self.out_topic} (or dead letters to {self.dlq.topic})", failures) from exc
             raise RetryBatch(str(exc)) from exc
-        except ProducerFatal as exc:  # never committed: a new client's init_transactions aborts it
-            if not exc.renewable:
-                raise
-            self.producer.renew()
+        except ProducerFatal as exc:
+            self._renew(exc, committing=committing)
             raise RetryBatch(f"{exc}; a new producer took the transactional.id over") from exc
         return WriteResult(len(batch.records), 0)
+
+    def _renew(self, exc: ProducerFatal, *, committing: bool) -> None:
+        """Replace the producer if its transaction is known never to have committed, else raise ``exc``: a
+        renewable error (from produce requests, settled before EndTxn), or a fence of kdg's own per-process
+        transactional.id met before the commit was asked for (a fence answering the commit itself leaves
+        its outcome unknown: stopping, the group's committed offsets tell the restart where to go on)."""
+        if not (exc.renewable or (exc.fenced and self.own_id and not committing)):
+            raise exc
+        self.producer.renew()  # its init_transactions aborts what the old client left open
 
     def close(self) -> None:
         if self.producer.in_transaction:
