@@ -48,8 +48,9 @@ def test_killed_broker_is_reported_down_and_up_restores_it(kdg, stack):
     down = kdg("stack", "status", "--json", check=False)
     assert down.returncode == 7
     assert [b["up"] for b in as_json(down)["brokers"]] == [True, True, False]
-    kdg("stack", "up", "--json")
-    assert as_json(kdg("stack", "status", "--json"))["healthy"] is True
+    kdg("stack", "up", "--json")  # with KDG_PG_DSN set, as every command here has it: the data commands' database
+    status = as_json(kdg("stack", "status", "--json"))
+    assert status["healthy"] is True and status["postgres"]["embedded"] is True, status  # not turned external
     assert kafka_node.pid(stack, 3) != pid
 
 

@@ -5,7 +5,7 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from kdg.cli.options import Json, PgDsn, StateDir
+from kdg.cli.options import Json, StateDir
 from kdg.cli.render import console, err_console, flag, print_json
 from kdg.errors import CheckFailed
 
@@ -53,7 +53,10 @@ def up(
     brokers: Annotated[Optional[int], typer.Option(help="Number of KRaft brokers (1 gives RF 1). [default: 3]")] = None,
     broker_port: Annotated[Optional[int], typer.Option(help="Client port of broker 1. [default: 19092]")] = None,
     pg_port: Annotated[Optional[int], typer.Option(help="Port of the embedded Postgres. [default: 15432]")] = None,
-    pg_dsn: PgDsn = None,
+    pg_dsn: Annotated[Optional[str], typer.Option(
+        "--pg-dsn", help="Use this PostgreSQL instead of the embedded one (remembered by the stack). Not read "
+        "from KDG_PG_DSN: that names the database of data commands, and would silently turn the stack's own "
+        "Postgres into an external one. Never printed with its password.")] = None,
     secure: Annotated[bool, typer.Option(
         "--secure", help="SASL_SSL client listener: a CA and broker certificate, SCRAM-SHA-512 users and ACLs; "
         "writes client.properties (mode 0600) into the state dir. Only when the stack is first made.")] = False,

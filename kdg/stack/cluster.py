@@ -1,7 +1,7 @@
 """The local stack as a whole: ``up``, ``status``, ``down``, and single-node faults for experiments."""
 
 import subprocess
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kdg.errors import StackError, UsageError
@@ -74,7 +74,7 @@ def resolve_layout(state_dir: Path, *, brokers: int | None = None, broker_port: 
     if formatted and secure and not saved.secure:
         raise StackError(f"the stack in {state_dir} was made plaintext; `kdg stack down --purge` first to "
                          "make it --secure (or use another --state-dir)")
-    return StackLayout(
+    layout = StackLayout(
         state_dir=state_dir,
         brokers=brokers if brokers is not None else base.brokers,
         broker_port=broker_port if broker_port is not None else base.broker_port,
@@ -82,6 +82,10 @@ def resolve_layout(state_dir: Path, *, brokers: int | None = None, broker_port: 
         external_pg_dsn=pg_dsn if pg_dsn is not None else base.external_pg_dsn,
         secure=base.secure if secure is None or formatted else secure,
     )
+    if layout.external_pg_dsn == replace(layout, external_pg_dsn=None).pg_dsn:
+        # the embedded server's own DSN, as `stack up` saved it when it still read KDG_PG_DSN: embedded
+        return replace(layout, external_pg_dsn=None)
+    return layout
 
 
 def up(layout: StackLayout, echo=print, *, spark_workers: int | None = None) -> StackStatus:

@@ -108,8 +108,11 @@ def pid_state(layout: StackLayout) -> str:
             f"{procs.process_state(recorded) if recorded else None}); postmaster.pid names {postmaster}")
 
 
-def start(layout: StackLayout, timeout: float = 60.0) -> int:
-    """Start the server unless it runs; wait until it accepts connections; create the database."""
+def start(layout: StackLayout, timeout: float = 300.0) -> int:
+    """Start the server unless it runs; wait until it accepts connections; create the database.
+
+    Up to ``timeout`` while the server lives: after a SIGKILL it replays its WAL first, which after a long
+    test session on 2 busy cores took over a minute (a soak's Postgres restart then "did not start")."""
     if (p := pid(layout)) is not None:
         return p
     init(layout)
