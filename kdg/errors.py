@@ -95,9 +95,10 @@ class ProducerFatal(DeliveryError):
     same transactional.id recovers (librdkafka gave up on its own sequence bookkeeping, e.g. after timed-out
     requests); not when another producer took the id over (fenced) or access was refused."""
 
-    def __init__(self, message: str, renewable: bool = False, fenced: bool = False):
+    def __init__(self, message: str, renewable: bool = False, fenced: bool = False, hung: bool = False):
         super().__init__(message)
         self.renewable = renewable
+        self.hung = hung  # a call that never returned: the client is left as it is, a new one takes over
         self.fenced = fenced  # the epoch moved on: another producer took the id, or librdkafka bumped it itself
 
 

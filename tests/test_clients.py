@@ -154,3 +154,28 @@ def test_a_consumer_property_does_not_stop_produce_and_a_producer_property_does_
     consumed = as_json(kdg("consume", topic, "-G", group, "-g", "exactly-once", "-e", "--json",
                            "-X", "fetch.min.bytes=1", "-X", "linger.ms=2"))
     assert consumed["processed"] == 50
+
+
+def test_a_transactional_call_that_outlives_its_timeout_is_given_up_not_waited_for():
+    """librdkafka can wait for ever in send_offsets_to_transaction (librdkafka#5456); each guarded call runs on a
+    thread of its own. Here a real init_transactions against no broker takes its whole 0.5 s timeout, and the
+    guard is told to give up 0.4 s before that ends: given up at 0.1 s, as a renewable error, the client
+    kept (never destroyed under the thread inside it). A call that answers in time answers for itself."""
+    import time
+
+    from confluent_kafka import KafkaException
+
+    from kdg.errors import ProducerFatal
+    from kdg.kafka.producer import KdgProducer
+
+    stuck = KdgProducer(policy_for("exactly-once"), "127.0.0.1:9", transactional_id="kdg-stuck", init=False)
+    stuck.hung_after_s = -0.4
+    started = time.monotonic()
+    with pytest.raises(ProducerFatal, match="did not return") as given_up:
+        stuck._guarded("init_transactions", (0.5,))
+    assert given_up.value.renewable and given_up.value.hung and time.monotonic() - started < 0.4
+    assert stuck._stuck == [stuck._producer]
+    in_time = KdgProducer(policy_for("exactly-once"), "127.0.0.1:9", transactional_id="kdg-in-time", init=False)
+    with pytest.raises(KafkaException):  # its own timeout, handed back to the caller's thread
+        in_time._guarded("init_transactions", (0.5,))
+    assert in_time._stuck == []

@@ -1,6 +1,7 @@
 """The one module that owns confluent-kafka's Producer: config from the policy, sends, delivery reports,
 transactions, errors."""
 
+import threading
 import time
 from collections import Counter
 from functools import partial
@@ -36,6 +37,8 @@ _ANY_PARTITION = -1  # RD_KAFKA_PARTITION_UA: librdkafka's partitioner chooses
 # init_transactions aborts it, and its records can be sent again.
 RENEWABLE = frozenset({KafkaError.OUT_OF_ORDER_SEQUENCE_NUMBER, KafkaError.UNKNOWN_PRODUCER_ID,
                        KafkaError.DUPLICATE_SEQUENCE_NUMBER})
+HUNG_AFTER_S = 30.0  # a guarded call that has not returned this long past its own timeout is stuck
+MAX_STUCK = 3        # stuck clients kept before the process gives up (exit 6; an orchestrator restarts it)
 _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH})
 
 
@@ -98,6 +101,8 @@ class KdgProducer:
         self.config = producer_config(policy, bootstrap, extra or {}, transactional_id, role)
         self._failures: Counter[str] = Counter()
         self._fatal: KafkaError | None = None  # the fatal error behind a later _FATAL, heard by error_cb
+        self._stuck: list = []  # clients left with a thread inside a call that never returned (kept alive)
+        self.hung_after_s = HUNG_AFTER_S
         reports = {} if every_report else {"delivery.report.only.error": True, "on_delivery": self._count_failure}
         self._role, self._client_config = role, {**self.config, **reports, "error_cb": self._on_error}
         self._producer = new_producer(self._client_config, role)
@@ -131,11 +136,15 @@ class KdgProducer:
         transactional.id: its init_transactions bumps the epoch and aborts the transaction the old one
         left open. The old client's records are purged unsent (their reports are never served)."""
         old, self._fatal, self.in_transaction = self._producer, None, False
-        try:
-            old.purge()
-        except KafkaException:
-            pass
-        del old  # destroyed here: nothing is left in it to deliver
+        if self._stuck and self._stuck[-1] is old:
+            if len(self._stuck) > MAX_STUCK:
+                raise DeliveryError(f"{len(self._stuck)} producer clients stuck inside librdkafka: stopping")
+        else:
+            try:
+                old.purge()
+            except KafkaException:
+                pass
+            del old  # destroyed here: nothing is left in it to deliver
         self._producer = new_producer(self._client_config, self._role)
         self.init()
 
@@ -198,8 +207,11 @@ class KdgProducer:
         self.in_transaction = True
 
     def send_offsets(self, offsets, group_metadata) -> None:
+        """The consumer's offsets into the transaction. librdkafka can wait here for ever, its timeout
+        ignored, when the group coordinator's broker went away (librdkafka#5456, #5511; after a soak's broker
+        kill a consumer stayed stuck for minutes), so each attempt is watched (:meth:`_guarded`)."""
         self._require_transactional()
-        self._call("send_offsets_to_transaction", offsets, group_metadata, timeout=60)
+        self._call("send_offsets_to_transaction", offsets, group_metadata, timeout=30, guarded=True)
 
     def commit(self) -> None:
         self._require_transactional()
@@ -212,7 +224,32 @@ class KdgProducer:
             self._call("abort_transaction", timeout=60)
             self.in_transaction = False
 
-    def _call(self, name: str, *args, timeout: float | None = None, give_up_after: float = 300):
+    def _guarded(self, name: str, args: tuple):
+        """One call of a transactional API on a thread of its own; one that has not returned
+        :attr:`hung_after_s` seconds past its own timeout is given up as a renewable fatal error. The stuck
+        client is kept (never destroyed under the thread inside it); :meth:`renew`'s new one fences it."""
+        answer: list = []
+
+        def call() -> None:
+            try:
+                answer.append((True, getattr(self._producer, name)(*args)))
+            except BaseException as exc:  # handed to the caller's thread
+                answer.append((False, exc))
+
+        worker = threading.Thread(target=call, name=f"kdg-{name}", daemon=True)
+        worker.start()
+        worker.join(args[-1] + self.hung_after_s)
+        if not answer:
+            self._stuck.append(self._producer)
+            raise ProducerFatal(f"{name} did not return {self.hung_after_s:g} s past its {args[-1]:g} s timeout "
+                                "(librdkafka#5456: the group coordinator went away)", renewable=True, hung=True)
+        ok, value = answer[0]
+        if not ok:
+            raise value
+        return value
+
+    def _call(self, name: str, *args, timeout: float | None = None, give_up_after: float = 300,
+              guarded: bool = False):
         """Call a transactional API; retry retriable errors for ``give_up_after`` seconds in all, then raise
         DeliveryError; raise TransactionAborted when the transaction must be aborted. ``timeout`` is the
         API's own per-call timeout, trimmed to what is left."""
@@ -226,6 +263,8 @@ class KdgProducer:
             try:
                 if timeout is None:
                     return getattr(self._producer, name)(*args)
+                if guarded:
+                    return self._guarded(name, (*args, max(1.0, min(timeout, left))))
                 return getattr(self._producer, name)(*args, max(1.0, min(timeout, left)))
             except KafkaException as exc:
                 err: KafkaError = exc.args[0]
