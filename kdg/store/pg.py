@@ -73,9 +73,11 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
             return self._loop.run_until_complete(coro)
         except (OSError, asyncpg.exceptions.ConnectionDoesNotExistError,
                 asyncpg.exceptions.InterfaceError, asyncpg.exceptions.AdminShutdownError,
-                asyncpg.exceptions.CannotConnectNowError) as exc:
+                asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.InternalClientError) as exc:
             # a connection an error left half-way through an operation answers every later call with
-            # "another operation is in progress": dropped now, it reads as lost and is made again
+            # "another operation is in progress" (an InterfaceError, or after a server restart an
+            # InternalClientError "cannot switch to state …": two consumers of the 60-minute soak exited 1
+            # on it): dropped now, it reads as lost and is made again
             conn = getattr(self, "conn", None)
             if conn is not None and not conn.is_closed():
                 conn.terminate()
