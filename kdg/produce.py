@@ -303,9 +303,7 @@ def _send_transactional(req, producer, outcomes, make_id, report) -> None:
             try:
                 producer.abort()
             except ProducerFatal as exc:
-                if not exc.renewable:
-                    raise
-                producer.renew()  # the new client's init_transactions aborts it
+                producer.recover(exc)  # the new client's init_transactions aborts it
             report.open_transaction_aborted = True
         return
     if txn.records:
@@ -372,11 +370,11 @@ class _Transaction:
     def _renew(self, exc: ProducerFatal) -> None:
         """The client died of a fatal error: if a new one can go on (:data:`kdg.kafka.producer.RENEWABLE`),
         it takes over the transactional.id, which aborts the open transaction, and its records go again."""
-        if not exc.renewable or self.renewals >= MAX_TXN_RETRIES:
+        if self.renewals >= MAX_TXN_RETRIES:
             raise exc
+        self.producer.recover(exc)
         self.renewals += 1
         self.report.producer_renewals += 1
-        self.req.notice(f"{exc}; a new producer takes over the transactional.id (aborting the open transaction) "
+        self.req.notice(f"{exc}; a new producer took over the transactional.id (aborting the open transaction) "
                         f"and sends its {len(self.records)} records again")
-        self.producer.renew()
         self._again()

@@ -131,6 +131,13 @@ class KdgProducer:
         return ProducerFatal(f"{doing}: fatal Kafka error {cause.name()}: {cause.str()}{hint}",
                              renewable=self.transactional and cause.code() in RENEWABLE, fenced=fenced)
 
+    def recover(self, exc: ProducerFatal, *, fenced_too: bool = False) -> None:
+        """Go on after ``exc`` with a new client (:meth:`renew`) if its transaction is known never to have
+        committed: a renewable error, or (``fenced_too``, the caller's judgement) a fence; else raise ``exc``."""
+        if not (exc.renewable or (fenced_too and exc.fenced)):
+            raise exc
+        self.renew()
+
     def renew(self) -> None:
         """Replace a client that died of a :data:`RENEWABLE` error by a new one with the same
         transactional.id: its init_transactions bumps the epoch and aborts the transaction the old one

@@ -67,9 +67,7 @@ class KafkaSink(Sink):
         renewable error (from produce requests, settled before EndTxn), or a fence of kdg's own per-process
         transactional.id met before the commit was asked for (a fence answering the commit itself leaves
         its outcome unknown: stopping, the group's committed offsets tell the restart where to go on)."""
-        if not (exc.renewable or (exc.fenced and self.own_id and not committing)):
-            raise exc
-        self.producer.renew()  # its init_transactions aborts what the old client left open
+        self.producer.recover(exc, fenced_too=self.own_id and not committing)
 
     def close(self) -> None:
         if self.producer.in_transaction:

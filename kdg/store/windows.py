@@ -244,14 +244,14 @@ class WindowsMixin:
         the slot of today's width that holds ``at``, so it expires on today's schedule, not up to a day
         later; rows past the cut move to partitions of today's width. Under the horizon lock, so no
         claiming transaction is between; a writer without it (the ledger's) waits for the DETACH's lock."""
-        width = await self.conn.fetchval("SELECT width_ms FROM kdg_windows WHERE relation = $1", window.relation)
+        width, column = await self.conn.fetchrow("SELECT width_ms, time_column FROM kdg_windows WHERE relation = $1",
+                                                 window.relation)
         split = at - at % width + width
         wide = await self.conn.fetch(
             "SELECT part, lo_ms FROM kdg_window_parts WHERE relation = $1 AND hi_ms - lo_ms > $2 AND hi_ms > $3 "
             "ORDER BY lo_ms", window.relation, width, split)
         if not wide:
             return 0
-        column = await self.conn.fetchval("SELECT time_column FROM kdg_windows WHERE relation = $1", window.relation)
         if column == "key_ms":
             t, bound = "key_ms", "$1::bigint"
         else:
