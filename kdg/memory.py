@@ -6,6 +6,12 @@ librdkafka's threads allocate while a broker is away (retries, reconnects, leade
 back, which glibc keeps in per-thread arenas instead of returning it. In the same run, capping glibc at two
 arenas and trimming every few seconds halved the growth (consumer +23 % → +11 %, producer +5 % → +3 %);
 docs/soak-60min has the hour-long figures.
+
+The steps left fit glibc's sliding mmap threshold: once a large block (a fetch response, a
+produce buffer) that was mapped on its own is freed, glibc raises the threshold to that block's size, and
+from then on blocks that large come from the arenas, where a single live neighbour keeps them resident.
+Fixing the threshold keeps every block of :data:`MMAP_THRESHOLD` or more in its own mapping, unmapped the
+moment it is freed.
 """
 
 import contextlib
@@ -13,8 +19,10 @@ import ctypes
 import ctypes.util
 import threading
 
-M_ARENA_MAX = -8      # glibc's mallopt parameter
+M_ARENA_MAX = -8      # glibc's mallopt parameters
+M_MMAP_THRESHOLD = -3
 ARENAS = 2            # librdkafka's threads share two arenas instead of one each (up to 8 per core)
+MMAP_THRESHOLD = 128 * 1024  # glibc's initial value; setting it stops the sliding (mallopt(3))
 TRIM_EVERY_S = 10.0   # malloc_trim walks the free chunks: well under a millisecond on these heaps
 
 
@@ -28,13 +36,15 @@ def _glibc():
 
 @contextlib.contextmanager
 def returned_to_the_system():
-    """For the life of a long-running command: fewer arenas (before its clients start threads), and freed
-    native memory trimmed back to the system every :data:`TRIM_EVERY_S`. A no-op without glibc."""
+    """For the life of a long-running command: fewer arenas (before its clients start threads), a fixed mmap
+    threshold, and freed native memory trimmed back to the system every :data:`TRIM_EVERY_S`. A no-op
+    without glibc."""
     libc = _glibc()
     if libc is None:
         yield
         return
     libc.mallopt(M_ARENA_MAX, ARENAS)
+    libc.mallopt(M_MMAP_THRESHOLD, MMAP_THRESHOLD)
     done = threading.Event()
 
     def trim() -> None:
