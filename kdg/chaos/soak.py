@@ -26,6 +26,9 @@ from kdg.stack.layout import StackLayout
 
 SAMPLE_EVERY_S = 2.0
 AUDIT_DELAY_S = 30.0   # a slice is audited once it ended this long ago (and the ledger has caught up with it)
+LEDGER_FLOOR_S = 120   # the default ledger window is at least this: a slice is audited AUDIT_DELAY_S after its
+                       # end at the earliest, later when Postgres restarts or the machine is loaded, and its rows
+                       # must still be in the ledger then
 DRAIN_TIMEOUT_S = 180.0
 COLUMNS = ("idempotency_key text = idempotency_key", "p int = partition", "o bigint = offset",
            "ts timestamptz = timestamp")
@@ -37,7 +40,7 @@ class SoakConfig:
     rate: float
     seed: int
     dedup_retention: str | None = None   # None: 30s for a soak of 5 minutes or less, else 2m
-    ledger_retention: str | None = None  # None: 3 audit slices
+    ledger_retention: str | None = None  # None: 3 audit slices, at least LEDGER_FLOOR_S
 
     @property
     def slice_s(self) -> float:
@@ -47,7 +50,7 @@ class SoakConfig:
         if self.minutes <= 0 or self.rate <= 0:
             raise UsageError(f"--minutes {self.minutes:g} and --rate {self.rate:g}: both must be above 0")
         dedup = self.dedup_retention or ("30s" if self.minutes <= 5 else "2m")
-        ledger = self.ledger_retention or show(int(self.slice_s * 3000))
+        ledger = self.ledger_retention or show(int(max(self.slice_s * 3, LEDGER_FLOOR_S) * 1000))
         parse_retention(dedup), parse_retention(ledger, "--ledger-retention")
         return SoakConfig(self.minutes, self.rate, self.seed, dedup, ledger)
 
@@ -147,13 +150,17 @@ class Soak:
                 "ledger_bytes": store.fetchval(size, "kdg_ledger")}
 
     # -- audits ------------------------------------------------------------------------------
-    def _ledger_reached(self) -> datetime | None:
-        """The time of the newest key the ledger holds: every key produced before it has its row."""
+    def _ledger_reached(self) -> tuple[datetime | None, datetime | None]:
+        """The time of the newest key the ledger holds (every key produced before it has its row), and its
+        horizon (rows recorded before it were dropped)."""
         from kdg.store.pg import Store
+
+        def utc(ms):
+            return None if ms is None else datetime.fromtimestamp(ms / 1000, timezone.utc)
 
         with Store(self.layout.pg_dsn) as store:
             ms = store.fetchval("SELECT max(kdg_key_ms(idempotency_key)) FROM kdg_ledger WHERE topic = $1", self.topic)
-        return None if ms is None else datetime.fromtimestamp(ms / 1000, timezone.utc)
+            return utc(ms), utc(store.ledger_window().horizon_ms)
 
     def audit_due(self, final: bool = False) -> None:
         """Audit every slice that ended AUDIT_DELAY_S ago and that the ledger has caught up with; again while
@@ -172,10 +179,17 @@ class Soak:
                                 "until": self.utc(hi).isoformat(), "done": False, "audits": {}, "tries": 0})
             lo = hi
         try:
-            reached = self._ledger_reached()
+            reached, horizon = self._ledger_reached()
             for s in [s for s in self.slices if not s["done"]]:
                 if not final and (reached is None or reached < self.utc(s["until_t"])):
                     break
+                if horizon is not None and horizon > self.utc(s["since_t"]):
+                    s["done"], s["expired"] = True, horizon.isoformat()
+                    self.failures.append(
+                        f"the slice {s['since_t']:.0f}-{s['until_t']:.0f} s was audited too late, at "
+                        f"{self.now():.0f} s: the ledger had dropped its first rows (kept from {horizon:%H:%M:%S}); "
+                        f"nothing can be said of it; a longer --ledger-retention leaves the audits more time")
+                    continue
                 since, until = self.utc(s["since_t"]), self.utc(s["until_t"])
                 s["audits"] = {name: asdict(run_audit(self.topic, self.conn, sink=sink, table=table,
                                                       group=self.groups[name], since=since, until=until))
