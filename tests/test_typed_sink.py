@@ -7,6 +7,7 @@ TOML, staged rows) is tests/test_mapping.py.
 
 import json
 import os
+import random
 import signal
 import time
 import uuid
@@ -18,6 +19,7 @@ from conftest import as_json, audited
 
 from kdg.errors import UnknownTopic
 from kdg.kafka.admin import ensure_topic, topic_partitions
+from kdg.mapping import build_mapping
 from kdg.store.pg import Store
 
 GUARANTEES = ["at-most-once", "at-least-once", "exactly-once"]
@@ -406,6 +408,137 @@ def test_tombstones_delete_ignore_or_dead_letter(kdg, conn, topic, group, table,
     assert report["dead_lettered"] == (3 if on_tombstone == "dead-letter" else 0), report
     if on_tombstone == "dead-letter":
         assert {d["key"] for d in dead_letters(kdg, topic)} == {"2", "5", "7"}
+
+
+# -- any type the table declares ---------------------------------------------------------------------
+
+# column, DDL type, the type the mapping gives (None: read from the catalog), a good value, a bad value and
+# the SQLSTATE Postgres refuses it with (json takes the field as JSON: no JSON value is a bad one)
+WIDE = [
+    ("f8", "double precision", "float8", 1.5, "x", "22P02"),
+    ("f4", "real", None, 2.25, "y", "22P02"),
+    ("i2", "smallint", None, 7, 70000, "22003"),
+    ("vc", "varchar(5)", "varchar(5)", "abc", "toolong", "22001"),
+    ("ch", "char(3)", None, "xy", "abcd", "22001"),
+    ("ts", "timestamp", None, "2026-01-02 03:04:05", "nope", "22007"),
+    ("tm", "time", "time", "12:00", "25:99", "22008"),
+    ("iv", "interval", None, "1 day 2 hours", "soon", "22007"),
+    ("js", "json", None, {"a": [1, "x"]}, None, None),
+    ("ip", "inet", None, "10.0.0.1", "999.1.1.1", "22P02"),
+    ("net", "cidr", None, "10.0.0.0/8", "10.0.0.1/8", "22P02"),
+    ("mac", "macaddr", None, "08:00:2b:01:02:03", "zz", "22P02"),
+    ("md", "{schema}.mood", "{schema}.mood", "ok", "angry", "22P02"),
+    ("dm", "{schema}.positive", None, 3, -1, "23514"),
+    ("rg", "int4range", "int4range", "[1,5)", "[5,1)", "22000"),
+    ("arr", "text[]", "text[]", ["a", "b,c", None], "{unbalanced", "22P02"),
+    ("iarr", "integer[]", None, [1, 2], ["a"], "22P02"),
+]
+
+
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_wide_table_of_every_kind_of_type_takes_good_values_and_dead_letters_one_bad_per_type(
+        kdg, conn, group, table, tmp_path, guarantee):
+    """Types named in the mapping or read from the catalog; each bad value refused by Postgres with its own
+    SQLSTATE (a varchar(5) too long 22001, never cut; an enum label 22P02) and dead-lettered, the rest written."""
+    schema = f"wide_{uuid.uuid4().hex[:8]}"
+    wide = [(c, ddl.format(schema=schema), given and given.format(schema=schema), good, bad, state)
+            for c, ddl, given, good, bad, state in WIDE]
+    with Store(conn.pg_dsn) as store:
+        store.execute(f"CREATE SCHEMA {schema}; CREATE TYPE {schema}.mood AS ENUM ('ok', 'sad'); "
+                      f"CREATE DOMAIN {schema}.positive AS integer CHECK (VALUE > 0)")
+        store.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, "
+                      + ", ".join(f"{c} {ddl}" for c, ddl, *_ in wide) + ")")
+    good = {c: value for c, _, _, value, _, _ in wide}
+    docs = [dict(good, id=i) for i in range(10)] + [
+        dict(good, id=100 + n, **{c: bad}) for n, (c, _, _, _, bad, state) in enumerate(wide) if state]
+    docs.append(dict(good, id=50, ts=1767323045123, arr="{x,y}"))  # epoch millis; Postgres's own array literal
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    produce(kdg, topic, tmp_path, [envelope(str(d["id"]), json.dumps(d)) for d in docs])
+    columns = ["--column", "id = json:id"] + [a for c, _, given, *_ in wide
+                                              for a in ("--column", f"{c} {given or ''} = json:{c}")]
+    report = consume(kdg, topic, group, guarantee, "--table", table, *columns)
+    refused = {100 + n: (c, state) for n, (c, *_, state) in enumerate(wide) if state}
+    assert (report["consumed"], report["processed"], report["dead_lettered"]) == (
+        len(docs), len(docs) - len(refused), len(refused)), report
+
+    letters = {int(json.loads(d["value"])["id"]): d["headers"] for d in dead_letters(kdg, topic)}
+    assert {i: h["kdg-sqlstate"] for i, h in letters.items()} == {i: state for i, (_, state) in refused.items()}
+    assert "character varying(5)" in letters[103]["kdg-sql-message"], letters[103]
+    with Store(conn.pg_dsn) as store:
+        found = {r["id"]: dict(r) for r in store.fetch(f"SELECT * FROM {table}")}
+    assert sorted(found) == [*range(10), 50]
+    row = found[0]
+    assert (row["f8"], row["f4"], row["i2"], row["vc"], row["ch"], row["md"], row["dm"]) == (
+        1.5, 2.25, 7, "abc", "xy ", "ok", 3)
+    assert (row["ts"], row["tm"], row["iv"]) == (datetime(2026, 1, 2, 3, 4, 5), datetime(2026, 1, 1, 12).time(),
+                                                 timedelta(days=1, hours=2))
+    assert (json.loads(row["js"]), str(row["ip"]), str(row["net"]), row["mac"]) == (
+        {"a": [1, "x"]}, "10.0.0.1", "10.0.0.0/8", "08:00:2b:01:02:03")
+    assert (row["rg"].lower, row["rg"].upper, row["arr"], row["iarr"]) == (1, 5, ["a", "b,c", None], [1, 2])
+    assert (found[50]["ts"], found[50]["arr"]) == (datetime(2026, 1, 2, 3, 4, 5, 123000), ["x", "y"])
+    audit = audited(kdg, topic, "--table", table, "-G", group) if guarantee == "exactly-once" else None
+    if audit is not None:
+        assert (audit["dead_lettered"], audit["lost"], audit["duplicates"]) == (len(refused), 0, 0), audit
+
+    if guarantee == "exactly-once":  # --create-table learns the same types, each as the mapping gives it
+        made = f"{table}_made"
+        typed = [f"{c} {ddl} = json:{c}" for c, ddl, *_ in wide]
+        with Store(conn.pg_dsn) as store:
+            store.prepare_typed(build_mapping(table=made, columns=typed, create_table=True))
+            types = {r["name"]: r["type"] for r in store.fetch(
+                "SELECT attname AS name, format_type(atttypid, atttypmod) AS type FROM pg_attribute "
+                "WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped", made)}
+            store.execute(f"DROP TABLE {made}")
+        assert types == {"f8": "double precision", "f4": "real", "i2": "smallint", "vc": "character varying(5)",
+                         "ch": "character(3)", "ts": "timestamp without time zone", "tm": "time without time zone",
+                         "iv": "interval", "js": "json", "ip": "inet", "net": "cidr", "mac": "macaddr",
+                         "md": f"{schema}.mood", "dm": f"{schema}.positive", "rg": "int4range", "arr": "text[]",
+                         "iarr": "integer[]"}
+    with Store(conn.pg_dsn) as store:
+        store.execute(f"DROP TABLE {table}; DROP SCHEMA {schema} CASCADE")
+
+
+# -- change-data-capture -------------------------------------------------------------------------------
+
+def test_a_debezium_change_stream_leaves_the_table_equal_to_the_source(kdg, conn, group, table, tmp_path):
+    """Debezium's JsonConverter shape (schema + payload, key and value): a snapshot, creates, updates and deletes
+    (each followed by its tombstone), keyed by id; the table ends equal to the source's last state, 0/0."""
+    rng, source, lines = random.Random(22), {}, []
+    schema = {"type": "struct", "name": "shop.orders.Envelope", "optional": False, "fields": []}
+
+    def emit(op, row_id, before, after):
+        key = {"schema": {"type": "struct", "fields": [{"field": "id", "type": "int64"}]}, "payload": {"id": row_id}}
+        event = {"before": before, "after": after, "op": op, "ts_ms": 1767323045123,
+                 "source": {"connector": "postgresql", "db": "shop", "table": "orders"}}
+        lines.append(envelope(json.dumps(key), json.dumps({"schema": schema, "payload": event})))
+        if op == "d":
+            lines.append(envelope(json.dumps(key), None))
+
+    for i in range(30):  # the snapshot
+        source[i] = {"id": i, "name": f"n{i}", "qty": i}
+        emit("r", i, None, source[i])
+    for step in range(300):
+        i = rng.randrange(45)
+        if i not in source:
+            source[i] = {"id": i, "name": f"new{step}", "qty": step}
+            emit("c", i, None, source[i])
+        elif rng.random() < 0.2:
+            emit("d", i, source.pop(i), None)
+        else:
+            before, source[i] = source[i], {**source[i], "qty": step, "name": f"u{step}"}
+            emit("u", i, before, source[i])
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    produce(kdg, topic, tmp_path, lines)
+    create(conn, "CREATE TABLE {t} (id bigint PRIMARY KEY, name text NOT NULL, qty integer)", table)
+    report = consume(kdg, topic, group, "exactly-once", "--table", table, "--envelope", "debezium",
+                     "--column", "id = json:id", "--column", "name = json:name", "--column", "qty = json:qty",
+                     "--batch-size", 50)
+    assert (report["consumed"], report["dead_lettered"]) == (len(lines), 0), report
+    with Store(conn.pg_dsn) as store:
+        found = {r["id"]: dict(r) for r in store.fetch(f"SELECT * FROM {table}")}
+    assert found == source
+    audit = audited(kdg, topic, "--table", table, "-G", group)
+    assert (audit["acked"], audit["lost"], audit["duplicates"]) == (len(lines), 0, 0) and audit["balanced"], audit
 
 
 # -- --create-table and `kdg mapping check` ----------------------------------------------------------

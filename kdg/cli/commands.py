@@ -8,7 +8,7 @@ import typer
 
 from kdg.cli import app
 from kdg.cli.options import (Bootstrap, Columns, CreateTable, DedupRetention, Json, MappingFile, MetricsHost,
-                             MetricsPort, Mode, OnTombstone, PgDsn, Profile, Properties, ShutdownTimeout, WaitTimeout)
+                             MetricsPort, Mode, OnTombstone, Envelope, PgDsn, Profile, Properties, ShutdownTimeout, WaitTimeout)
 from kdg.cli.render import console, err_console, key_value_table, print_json
 from kdg.errors import CheckFailed, UsageError
 
@@ -178,7 +178,7 @@ def consume(
     table: Annotated[Optional[str], typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (default: "
                      "kdg_events; created like it, the schema must exist). With --column or --mapping: your table.")] = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
-    on_tombstone: OnTombstone = None,
+    on_tombstone: OnTombstone = None, envelope: Envelope = None,
     fmt: Annotated[str, typer.Option("--format", help="stdout sink: text or json envelope lines.")] = "text",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD, "
                        "json:/POINTER, or offset (topic/partition/offset: exact for re-reads, blind to producer "
@@ -228,7 +228,7 @@ def consume(
         raise UsageError(f"--pipeline {pipeline}: at most 8 (each is a Postgres connection; 2 already overlaps "
                          "reading with writing)")
     typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
-                          create_table=create_table)  # a bad mapping is refused before anything is read
+                          create_table=create_table, envelope=envelope)  # a bad mapping is refused before anything is read
     table = typed.table.text if typed is not None else table_name(table or "kdg_events").text
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
@@ -260,7 +260,7 @@ def spark_replay(
     table: Annotated[Optional[str], typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (default: "
                      "kdg_events; created like it, the schema must exist). With --column or --mapping: your table.")] = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
-    on_tombstone: OnTombstone = None,
+    on_tombstone: OnTombstone = None, envelope: Envelope = None,
     master: Annotated[str, typer.Option(help="Spark master: local[*], spark://…, yarn, k8s://…, or stack for "
                   "the local stack's Spark cluster (kdg stack up --spark-workers N).")] = "local[*]",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD "
@@ -300,7 +300,7 @@ def spark_replay(
         err_console.print(shown)
 
     typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
-                          create_table=create_table)
+                          create_table=create_table, envelope=envelope)
     _check_lifecycle(shutdown_timeout, wait_timeout, None)
     bar, tasks_done = _progress("spark tasks", None, not as_json)
     with Shutdown(shutdown_timeout).on_signals() as shutdown:

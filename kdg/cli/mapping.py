@@ -32,7 +32,8 @@ def check(
     for col in ("column", "type", "from", "in the table"):
         table.add_column(col)
     for c in report.columns:
-        table.add_row(c["name"], c["type"], c["from"], c["table_type"] or "-")
+        table.add_row(c["name"], c["type"] or "(the table’s)", c["from"], c["table_type"] or "-")
     console.print(table)
     key = f"key ({', '.join(report.key)})" if report.key else "no key columns"
-    console.print(f"[ok]ok[/ok]: {key}; tombstones: {report.on_tombstone}")
+    envelope = f"; a {report.envelope} change stream (json: reads after)" if report.envelope != "none" else ""
+    console.print(f"[ok]ok[/ok]: {key}; tombstones: {report.on_tombstone}{envelope}")

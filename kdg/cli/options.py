@@ -23,7 +23,7 @@ StateDir = Annotated[Optional[Path], typer.Option(
 
 # a typed sink: the user's own table, through a mapping (kdg consume, kdg spark-replay)
 Columns = Annotated[Optional[list[str]], typer.Option(
-    "--column", help="Typed sink column 'NAME TYPE = SOURCE' (repeatable). SOURCE: json:FIELD, json:/POINTER, "
+    "--column", help="Typed sink column 'NAME [TYPE] = SOURCE' (repeatable; without TYPE, the table's own). SOURCE: json:FIELD, json:/POINTER, "
     "key, key:FIELD, key:/POINTER, header:NAME, topic, partition, offset, timestamp, idempotency_key.")]
 MappingFile = Annotated[Optional[Path], typer.Option(
     "--mapping", help="Typed sink mapping, a TOML file: table, mode, key, on_tombstone, create_table and a columns table. "
@@ -32,6 +32,10 @@ Mode = Annotated[Optional[str], typer.Option(
     "--mode", help="Typed sink: insert (the default) or upsert (on the mapping's key, else the table's primary key).")]
 CreateTable = Annotated[bool, typer.Option(
     "--create-table", help="Typed sink: create the table from the mapping if it is missing (key → primary key).")]
+Envelope = Annotated[Optional[str], typer.Option(
+    "--envelope", help="Typed sink: none (the default) or debezium: each value is a change event (bare, or Kafka "
+    "Connect's JsonConverter schema/payload); json: sources read its after; op c/u/r upserts, op d deletes by key "
+    "(mode defaults to upsert, --on-tombstone to delete).")]
 OnTombstone = Annotated[Optional[str], typer.Option(
     "--on-tombstone", help="Typed sink, a record with a null value: dead-letter (the default), delete (by key) or "
     "ignore.")]

@@ -16,6 +16,7 @@ class MappingCheckReport:
     on_tombstone: str
     create_table: bool
     table_state: str                 # exists | would be created | not checked (--offline)
+    envelope: str = "none"           # none | debezium
     dsn: str | None = None           # without its password
     columns: list[dict] = field(default_factory=list)  # name, type, from, table_type
 
@@ -40,6 +41,7 @@ def run_mapping_check(path: Path, dsn: str | None) -> MappingCheckReport:
     return MappingCheckReport(
         file=str(path), table=mapping.table.text, mode=mapping.mode, key=list(mapping.key),
         on_tombstone=mapping.on_tombstone, create_table=mapping.create_table, table_state=state,
+        envelope=mapping.envelope,
         dsn=redact_dsn(dsn) if dsn else None,
-        columns=[{"name": c.name, "type": c.type.name, "from": c.source.spec,
+        columns=[{"name": c.name, "type": c.type_name, "from": c.source.spec,
                   "table_type": shape.types.get(c.name) if shape is not None else None} for c in mapping.columns])

@@ -11,6 +11,8 @@ from kdg.mapping.spec import Mapping
 STAGE_PREFIX = (("seq", "integer"), ("idempotency_key", "text"), ("topic", "text"), ("partition", "integer"),
                 ("offset", "bigint"), ("tomb", "boolean"))
 TOMBSTONE_REASON = "tombstone (null value): --on-tombstone dead-letter"
+DELETE_REASON = "a Debezium delete (op d): --on-tombstone dead-letter"
+UPSERTS = frozenset(("c", "u", "r"))  # Debezium's create, update, read (snapshot): the row is `after`
 
 
 class RowMaker:
@@ -21,9 +23,10 @@ class RowMaker:
         self.columns = mapping.columns
         self._value_json = mapping.reads_value
         self._key_json = any(c.source.kind == "key" for c in mapping.columns)
-        self._readers = [_reader(c.source, json_text if c.type.base == "jsonb" else as_text) for c in mapping.columns]
+        self._readers = [_reader(c.source, json_text if c.type.reads_json else as_text) for c in mapping.columns]
         self._jsonb = [c.type.base == "jsonb" for c in mapping.columns]
         self._tombstones = mapping.on_tombstone
+        self._cdc = mapping.envelope == "debezium"
 
     def rows(self, records) -> tuple[list[tuple], list[tuple]]:
         """Staged rows for ``records`` (``(record, key)`` pairs; ``seq`` is the index), and dead letters.
@@ -38,22 +41,50 @@ class RowMaker:
                 dead.append((rec, TOMBSTONE_REASON, key))
                 continue
             try:
-                values = self._values(rec, key, tomb)
+                deleted, doc = self._change(rec) if self._cdc and not tomb else (False, None)
+                if deleted:  # staged as a tombstone: deleted by key, or (ignore) claimed and not applied
+                    if self._tombstones == "dead-letter":
+                        dead.append((rec, DELETE_REASON, key))
+                        continue
+                    tomb = True
+                values = self._values(rec, key, tomb, doc)
             except ValueError as exc:
                 dead.append((rec, str(exc), key))
                 continue
             rows.append((seq, key, rec.topic, rec.partition, rec.offset, tomb, *values))
         return rows, dead
 
-    def _values(self, rec, key, tomb: bool) -> list:
+    def _change(self, rec) -> tuple[bool, dict | None]:
+        """A Debezium change event (bare, or JsonConverter's ``{"schema", "payload"}``): (False, its ``after``)
+        for a create, update or snapshot read; (True, its ``before``) for a delete."""
         try:
-            doc = parse_json(rec.value) if self._value_json and not tomb else None
+            event = _unwrapped(parse_json(rec.value))
         except ValueError as exc:
             raise ValueError(f"bad JSON: {exc}") from None
+        op = event.get("op") if type(event) is dict else None
+        if op in UPSERTS:
+            after = event.get("after")
+            if type(after) is not dict:
+                raise ValueError(f"a Debezium change event (op {op}) without an after row")
+            return False, after
+        if op == "d":
+            return True, event.get("before") if type(event.get("before")) is dict else None
+        if op is None:
+            raise ValueError("not a Debezium change event: no op (with --envelope debezium)")
+        raise ValueError(f"a Debezium change event with op {op!r}: only c, u, r and d are applied")
+
+    def _values(self, rec, key, tomb: bool, doc=None) -> list:
+        if not self._cdc:
+            try:
+                doc = parse_json(rec.value) if self._value_json and not tomb else None
+            except ValueError as exc:
+                raise ValueError(f"bad JSON: {exc}") from None
         try:
             key_doc = parse_json(rec.key) if self._key_json else None
         except ValueError as exc:
             raise ValueError(f"bad JSON in the record key: {exc}") from None
+        if self._cdc:
+            key_doc = _unwrapped(key_doc)
         values = [read(rec, key, doc, key_doc) for read in self._readers]
         for i, value in enumerate(values):
             if value is not None and ("\x00" in value or not value.isascii() or "\\u" in value) \
@@ -61,6 +92,13 @@ class RowMaker:
                 raise ValueError(f"column {self.columns[i].name!r}: Postgres text cannot hold this value "
                                  "(a NUL character or a lone UTF-16 surrogate)")
         return values
+
+
+def _unwrapped(doc):
+    """Kafka Connect's JsonConverter with schemas on wraps each key and value as ``{"schema", "payload"}``."""
+    if type(doc) is dict and len(doc) == 2 and "payload" in doc and "schema" in doc:
+        return doc["payload"]
+    return doc
 
 
 def _reader(source, text):

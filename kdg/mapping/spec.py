@@ -10,8 +10,10 @@ or ``--mapping orders.toml``::
     key = ["order_id"]           # upsert/delete key [default: the table's primary key]
     on_tombstone = "delete"      # dead-letter (default) | delete | ignore
     create_table = false
+    envelope = "none"            # none (default) | debezium: the row is the change event's `after`
     [columns]
     order_id = { type = "bigint", from = "json:id" }
+    note = { from = "json:note" }  # no type: the table's own (the table must exist)
 
 Flags override the file's values; a ``--column`` replaces the file's column of the same name.
 """
@@ -27,21 +29,26 @@ from kdg.settings import TableName, sql_identifier, table_name
 
 MODES = ("insert", "upsert")
 TOMBSTONES = ("dead-letter", "delete", "ignore")
-_FILE_KEYS = {"table", "mode", "key", "on_tombstone", "create_table", "columns"}
+ENVELOPES = ("none", "debezium")
+_FILE_KEYS = {"table", "mode", "key", "on_tombstone", "create_table", "columns", "envelope"}
 
 
 @dataclass(frozen=True)
 class Column:
     name: str
-    type: ColumnType
+    type: ColumnType | None  # None: the table's column type, read from the catalog
     source: Source
 
     @property
     def sql(self) -> str:
         return f'"{self.name}"'
 
+    @property
+    def type_name(self) -> str | None:
+        return self.type.name if self.type is not None else None
+
     def describe(self) -> str:
-        return f"{self.name} {self.type.name} = {self.source.spec}"
+        return f"{self.name} {self.type_name or '(the table’s type)'} = {self.source.spec}"
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Mapping:
     key: tuple[str, ...] = ()          # empty: the table's primary key
     on_tombstone: str = "dead-letter"
     create_table: bool = False
+    envelope: str = "none"             # debezium: json: sources read the event's after (before for a delete)
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
@@ -67,7 +75,7 @@ class Mapping:
         unmapped = [k for k in key if k not in {c.name for c in self.columns}]
         if unmapped:
             raise UsageError(f"key column {unmapped[0]!r} ({origin}) is not one of the mapped columns")
-        if self.on_tombstone == "delete":
+        if self.on_tombstone == "delete" and self.envelope == "none":  # a Debezium delete carries `before`
             from_value = [k for k in key if self.column(k).source.reads_value]
             if from_value:
                 raise UsageError(f"on_tombstone = delete: key column {from_value[0]!r} comes from "
@@ -76,22 +84,24 @@ class Mapping:
 
     def to_dict(self) -> dict:
         return {"table": self.table.text, "mode": self.mode, "key": list(self.key),
-                "on_tombstone": self.on_tombstone, "create_table": self.create_table,
-                "columns": [{"name": c.name, "type": c.type.name, "from": c.source.spec} for c in self.columns]}
+                "on_tombstone": self.on_tombstone, "create_table": self.create_table, "envelope": self.envelope,
+                "columns": [{"name": c.name, "type": c.type_name, "from": c.source.spec} for c in self.columns]}
 
 
 def parse_column(spec: str) -> Column:
-    """``'NAME TYPE = SOURCE'`` → a Column; a malformed spec is a usage error naming it."""
+    """``'NAME [TYPE] = SOURCE'`` → a Column; a malformed spec is a usage error naming it."""
     left, sep, source = spec.partition("=")
     parts = left.split(None, 1)
-    if not sep or len(parts) != 2 or not source.strip():
-        raise UsageError(f"--column {spec!r}: expected 'NAME TYPE = SOURCE', e.g. 'order_id bigint = json:id'")
-    return make_column(parts[0], parts[1], source)
+    if not sep or not parts or not source.strip():
+        raise UsageError(f"--column {spec!r}: expected 'NAME [TYPE] = SOURCE', e.g. 'order_id bigint = json:id' "
+                         "(without TYPE, the table's own)")
+    return make_column(parts[0], parts[1] if len(parts) > 1 else None, source)
 
 
-def make_column(name: str, type_text: str, source: str) -> Column:
+def make_column(name: str, type_text: str | None, source: str) -> Column:
     sql_identifier(name, "column")
-    return Column(name, parse_type(type_text, name), parse_source(source, f"source of column {name!r}"))
+    return Column(name, parse_type(type_text, name) if type_text is not None else None,
+                  parse_source(source, f"source of column {name!r}"))
 
 
 def load_file(path: Path) -> dict:
@@ -112,26 +122,33 @@ def load_file(path: Path) -> dict:
     key = doc.get("key", [])
     if isinstance(key, str):
         key = [key]
-    for name, kind in (("table", str), ("mode", str), ("on_tombstone", str), ("create_table", bool), ("key", list)):
+    for name, kind in (("table", str), ("mode", str), ("on_tombstone", str), ("create_table", bool), ("key", list),
+                       ("envelope", str)):
         value = key if name == "key" else doc.get(name)
         if value is not None and not isinstance(value, kind):
             raise UsageError(f"--mapping {path}: {name} must be a {kind.__name__}, not {value!r}")
     return {"table": doc.get("table"), "columns": parsed, "mode": doc.get("mode"), "key": tuple(key),
-            "on_tombstone": doc.get("on_tombstone"), "create_table": doc.get("create_table")}
+            "on_tombstone": doc.get("on_tombstone"), "create_table": doc.get("create_table"),
+            "envelope": doc.get("envelope")}
 
 
 def _file_column(path: Path, name: str, entry) -> Column:
-    if not isinstance(entry, dict) or set(entry) != {"type", "from"} or not all(
+    if not isinstance(entry, dict) or "from" not in entry or not set(entry) <= {"type", "from"} or not all(
             isinstance(v, str) for v in entry.values()):
-        raise UsageError(f'--mapping {path}: column {name!r} must be {{ type = "TYPE", from = "SOURCE" }}')
-    return make_column(name, entry["type"], entry["from"])
+        raise UsageError(f'--mapping {path}: column {name!r} must be {{ type = "TYPE", from = "SOURCE" }} '
+                         "(type may be left out: the table's own)")
+    return make_column(name, entry.get("type"), entry["from"])
 
 
 def build_mapping(*, file: Path | None = None, columns: list[str] | None = None, table: str | None = None,
                   mode: str | None = None, on_tombstone: str | None = None, create_table: bool = False,
-                  key: tuple[str, ...] = ()) -> Mapping | None:
-    """The mapping the flags and file describe, flags winning; None when no typed-sink option was given."""
-    if file is None and not columns and mode is None and on_tombstone is None and not create_table:
+                  key: tuple[str, ...] = (), envelope: str | None = None) -> Mapping | None:
+    """The mapping the flags and file describe, flags winning; None when no typed-sink option was given.
+
+    Under ``envelope = debezium`` the mode defaults to upsert and tombstones to delete: a change stream's
+    creates and updates replace the row, its deletes remove it."""
+    if file is None and not columns and mode is None and on_tombstone is None and not create_table \
+            and envelope is None:
         return None
     base = load_file(file) if file is not None else {}
     merged: dict[str, Column] = {c.name: c for c in base.get("columns", [])}
@@ -139,12 +156,15 @@ def build_mapping(*, file: Path | None = None, columns: list[str] | None = None,
         merged[column.name] = column
     table = table or base.get("table")
     if not merged:
-        raise UsageError("a typed sink needs columns: --column 'NAME TYPE = SOURCE' or [columns] in --mapping")
+        raise UsageError("a typed sink needs columns: --column 'NAME [TYPE] = SOURCE' or [columns] in --mapping")
     if not table:
         raise UsageError("a typed sink needs its table: --table [SCHEMA.]NAME, or table = in --mapping")
-    mapping = Mapping(table_name(table), tuple(merged.values()), mode or base.get("mode") or "insert",
-                      key or base.get("key") or (), on_tombstone or base.get("on_tombstone") or "dead-letter",
-                      bool(create_table or base.get("create_table")))
+    envelope = envelope or base.get("envelope") or "none"
+    cdc = envelope == "debezium"
+    mapping = Mapping(table_name(table), tuple(merged.values()),
+                      mode or base.get("mode") or ("upsert" if cdc else "insert"), key or base.get("key") or (),
+                      on_tombstone or base.get("on_tombstone") or ("delete" if cdc else "dead-letter"),
+                      bool(create_table or base.get("create_table")), envelope)
     return validate(mapping)
 
 
@@ -153,6 +173,8 @@ def validate(mapping: Mapping) -> Mapping:
         raise UsageError(f"mode {mapping.mode!r}: use insert or upsert")
     if mapping.on_tombstone not in TOMBSTONES:
         raise UsageError(f"on_tombstone {mapping.on_tombstone!r}: use {', '.join(TOMBSTONES)}")
+    if mapping.envelope not in ENVELOPES:
+        raise UsageError(f"envelope {mapping.envelope!r}: use {' or '.join(ENVELOPES)}")
     for name in mapping.key:
         sql_identifier(name, "key column")
     if len(set(mapping.key)) != len(mapping.key):

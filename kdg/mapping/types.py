@@ -1,47 +1,86 @@
-"""The Postgres types a mapped column may have, and how Postgres casts a staged text value to each.
+"""A mapped column's Postgres type, and how Postgres casts a staged text value to it.
 
-Values are staged as text (jsonb for jsonb columns) and cast in ONE ``INSERT … SELECT``; the cast
-of each type is written here once. timestamptz and date take ISO strings or epoch milliseconds.
+Any type Postgres can read from text is accepted: the mapping may name it (``varchar(20)``,
+``double precision``, ``text[]``, an enum, a domain, a range), or leave it out and take the
+column's type from the table. A named type is checked in two steps: here, that it is a type name
+at all (words, a schema, one modifier list, ``[]``: nothing that could be more SQL than that); then
+:func:`kdg.store.tables.resolve_types` asks Postgres what it is (:meth:`ColumnType.resolved`).
+
+Values are staged as text (jsonb for jsonb columns) and cast in ONE ``INSERT … SELECT``. The cast is
+to the type *without* its modifier, so the INSERT's own assignment applies it as Postgres would for
+any INSERT: a ``varchar(5)`` value too long is refused (22001), not cut; a ``numeric(12,2)`` rounded.
+A few families read more than Postgres's text input: timestamps and dates take epoch milliseconds
+too; an array column takes a JSON array; bytea takes the text's UTF-8 bytes.
 
 Example:
     >>> parse_type("Numeric(12, 2)").name
     'numeric(12,2)'
+    >>> parse_type("VARCHAR(20)[]").lookup
+    'varchar[]'
 """
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kdg.errors import UsageError
 
 _EPOCH_MS = "{v} ~ '^-?[0-9]+$'"
+_FROM_MS = "to_timestamp(({v})::numeric / 1000)"
+# the families whose cast is not simply ``(v)::type``, by the name format_type() gives their type
 _CASTS = {
-    "text": "{v}",
-    "integer": "({v})::integer",
-    "bigint": "({v})::bigint",
-    "numeric": "({v})::numeric",
-    "boolean": "({v})::boolean",
-    "timestamptz": f"CASE WHEN {_EPOCH_MS} THEN to_timestamp(({{v}})::numeric / 1000) ELSE ({{v}})::timestamptz END",
-    "date": f"CASE WHEN {_EPOCH_MS} THEN (to_timestamp(({{v}})::numeric / 1000) AT TIME ZONE 'UTC')::date "
-            "ELSE ({v})::date END",
+    "text": "{v}", "character varying": "{v}", "character": "{v}",  # the INSERT applies the length
     "jsonb": "{v}",
+    "bit": "({v})::bit varying",  # a bare ::bit is bit(1); the INSERT applies the column's length
     "bytea": "convert_to({v}, 'UTF8')",
-    "uuid": "({v})::uuid",
+    "timestamp with time zone": f"CASE WHEN {_EPOCH_MS} THEN {_FROM_MS} ELSE ({{v}})::timestamptz END",
+    "timestamp without time zone": f"CASE WHEN {_EPOCH_MS} THEN {_FROM_MS} AT TIME ZONE 'UTC' "
+                                   "ELSE ({v})::timestamp END",
+    "date": f"CASE WHEN {_EPOCH_MS} THEN ({_FROM_MS} AT TIME ZONE 'UTC')::date ELSE ({{v}})::date END",
 }
-# how Postgres's format_type() spells each type, when it differs from ours
-_FORMAT = {"timestamptz": "timestamp with time zone"}
-_ALIASES = {"int": "integer", "int4": "integer", "int8": "bigint", "bool": "boolean", "decimal": "numeric",
-            "timestamp with time zone": "timestamptz"}
-_NUMERIC = re.compile(r"^(?:numeric|decimal)\s*\(\s*(\d+)\s*(?:,\s*(\d+)\s*)?\)$")
-_TEXT_LIKE = re.compile(r"^(character varying|character|varchar|char)(\(\d+\))?$")
-NAMES = tuple(_CASTS) + ("numeric(P,S)",)
+# a JSON array ("[…]") becomes a Postgres array of its elements' text; anything else is Postgres's own
+# array literal ('{a,b}')
+_ARRAY = ("CASE WHEN left(ltrim({v}), 1) = '[' THEN ARRAY(SELECT jsonb_array_elements_text(({v})::jsonb))::{t} "
+          "ELSE ({v})::{t} END")
+# how format_type() spells the types of the short list kdg has always known, so they need no look-up
+_KNOWN = {"text": "text", "integer": "integer", "bigint": "bigint", "numeric": "numeric", "boolean": "boolean",
+          "timestamptz": "timestamp with time zone", "date": "date", "jsonb": "jsonb", "bytea": "bytea",
+          "uuid": "uuid", "smallint": "smallint", "real": "real", "double precision": "double precision",
+          "json": "json", "interval": "interval", "timestamp": "timestamp without time zone",
+          "time": "time without time zone", "varchar": "character varying", "char": "character",
+          "inet": "inet", "cidr": "cidr", "macaddr": "macaddr"}
+_ALIASES = {"int": "integer", "int4": "integer", "int8": "bigint", "int2": "smallint", "bool": "boolean",
+            "decimal": "numeric", "float8": "double precision", "float4": "real", "float": "double precision",
+            "timestamp with time zone": "timestamptz", "timestamp without time zone": "timestamp",
+            "time without time zone": "time", "character varying": "varchar", "character": "char"}
+# a type name: words (unquoted or "quoted"), a schema before a dot, one modifier list, array brackets
+_WORD = r'(?:[a-z_][a-z0-9_$]*|"[^"\x00-\x1f]+")'
+_TYPE = re.compile(rf"^(?P<head>{_WORD}(?:\.{_WORD})?(?: {_WORD})*)"
+                   rf"(?: ?\((?P<mods>\d+(?:,\d+)?)\))?(?P<tail>(?: {_WORD})*)(?P<array>(?:\[\d*\])*)$")
+_NUMERIC = re.compile(r"^(\d+)(?:,(\d+))?$")
 
 
 @dataclass(frozen=True)
 class ColumnType:
-    """A column type: ``name`` as written in DDL (``numeric(12,2)``), ``base`` its family (``numeric``)."""
+    """A column type: ``name`` as written in DDL (``numeric(12,2)``, normalised), ``lookup`` the same without
+    its modifier (what Postgres resolves), ``mods`` the modifier (``12,2``), and once resolved against
+    Postgres: ``pg`` the type as ``format_type()`` names it without a modifier, ``array`` whether it is one."""
 
     name: str
-    base: str
+    lookup: str
+    mods: str = ""
+    pg: str | None = None
+    array: bool = False
+
+    @property
+    def base(self) -> str:
+        """The cast family (format_type's name; ``array`` for any array); resolved or known types only."""
+        return "array" if self.array else self._pg
+
+    @property
+    def _pg(self) -> str:
+        if self.pg is None:
+            raise ValueError(f"type {self.name!r} is not resolved against Postgres yet")
+        return self.pg
 
     @property
     def staged(self) -> str:
@@ -49,38 +88,79 @@ class ColumnType:
         return "jsonb" if self.base == "jsonb" else "text"
 
     @property
+    def reads_json(self) -> bool:
+        """Whether a JSON field goes to this column as JSON text (a string keeps its quotes): jsonb and json."""
+        return self.base in ("jsonb", "json")
+
+    @property
     def formatted(self) -> str:
-        """The type as ``format_type()`` reports it for a table column."""
-        return _FORMAT.get(self.name, self.name)
+        """The type as ``format_type()`` reports it for a table column (modifier included)."""
+        pg = self._pg
+        if not self.mods:
+            return pg
+        element, brackets = (pg[:-2], "[]") if self.array and pg.endswith("[]") else (pg, "")
+        word, space, rest = element.partition(" ")
+        if word in ("timestamp", "time") and rest.endswith("time zone"):  # timestamp(3) with time zone
+            return f"{word}({self.mods}){space}{rest}{brackets}"
+        return f"{element}({self.mods}){brackets}"
 
     def cast(self, expr: str) -> str:
-        """SQL casting the staged value ``expr`` to this type (a numeric(P,S) rounds as an INSERT would)."""
-        return _CASTS[self.base].format(v=expr)
+        """SQL casting the staged value ``expr`` to this type, without its modifier (the INSERT applies it)."""
+        if self.array:
+            return _ARRAY.format(v=expr, t=self._pg)
+        return _CASTS.get(self._pg, "({v})::" + self._pg).format(v=expr)
 
-    def fits(self, table_type: str) -> bool:
-        """Whether a table column of ``table_type`` (format_type's text) takes this mapping type's values.
+    def resolved(self, pg: str, array: bool) -> "ColumnType":
+        """This type as Postgres named it (``format_type(oid, NULL)``): safe to write into SQL as it is."""
+        return replace(self, pg=pg, array=array)
 
-        The same type; or text into varchar/char (a value too long is refused per row); or plain
-        numeric into any numeric(P,S) (rounded to its scale, as an INSERT would).
-        """
-        if table_type == self.formatted:
-            return True
-        if self.name == "text":
-            return bool(_TEXT_LIKE.match(table_type))
-        return self.name == "numeric" and table_type.startswith("numeric(")
+    def fits(self, table_type: str, table_pg: str) -> bool:
+        """Whether a table column of ``table_type`` (format_type with its modifier; ``table_pg`` without)
+        takes this mapping type's values: the same type, and the same modifier where the mapping gives one;
+        or text into any character type (a value too long is refused per row)."""
+        if self._pg == "text" and not self.array:
+            return table_pg in ("text", "character varying", "character")
+        return table_pg == self._pg and (not self.mods or table_type == self.formatted)
 
 
 def parse_type(text: str, column: str = "") -> ColumnType:
-    """A type name (case-insensitive, a few aliases: int, int8, bool, decimal); else a usage error."""
-    name = " ".join(text.lower().split())
-    name = _ALIASES.get(name, name)
-    if name in _CASTS:
-        return ColumnType(name, name)
-    found = _NUMERIC.match(name)
-    if found:
-        precision, scale = int(found.group(1)), int(found.group(2) or 0)
-        if not 1 <= precision <= 1000 or scale > precision:
-            raise UsageError(f"column {column!r}: {text.strip()!r} needs 1 <= P <= 1000 and 0 <= S <= P")
-        return ColumnType(f"numeric({precision},{scale})", "numeric")
+    """A type name, normalised (case-insensitive outside quotes, a few aliases: int, int8, float8, decimal);
+    a usage error when it is not a type name at all. Whether Postgres has it is asked later."""
     where = f"column {column!r}: " if column else ""
-    raise UsageError(f"{where}unknown type {text.strip()!r}: use one of {', '.join(NAMES)}")
+    name = _normalise(text)
+    found = _TYPE.match(name)
+    if not found:
+        raise UsageError(f"{where}{text.strip()!r} is not a type name (e.g. bigint, varchar(20), "
+                         "double precision, text[], numeric(12,2), myschema.mood)")
+    head = " ".join(p for p in (found["head"], found["tail"].strip()) if p)
+    head = _ALIASES.get(head, head)
+    mods, array = found["mods"] or "", found["array"]
+    if head == "numeric" and mods:
+        precision, scale = _NUMERIC.match(mods).groups()
+        precision, scale = int(precision), int(scale or 0)
+        if not 1 <= precision <= 1000 or scale > precision:
+            raise UsageError(f"{where}{text.strip()!r} needs 1 <= P <= 1000 and 0 <= S <= P")
+        mods = f"{precision},{scale}"
+    lookup = head + array
+    shown = head + (f"({mods})" if mods else "") + array
+    if head in ("timestamptz", "timestamp", "time") and mods:  # timestamp(3) [with time zone]
+        shown = f"{head}({mods}){array}"
+    known = _KNOWN.get(head)
+    if known is not None:
+        return ColumnType(shown, lookup, mods, known + ("[]" if array else ""), bool(array))
+    return ColumnType(shown, lookup, mods)
+
+
+def _normalise(text: str) -> str:
+    """Lower case and single spaces outside double quotes; no space inside a modifier list."""
+    out = []
+    for part in re.split(r'("[^"]*")', text.strip()):
+        if part.startswith('"') and part.endswith('"') and len(part) > 1:
+            out.append(part)
+        else:
+            out.append(" ".join(part.lower().split()))
+    name = "".join(out)
+    name = re.sub(r"\s*\(\s*", "(", name)
+    name = re.sub(r"\s*,\s*", ",", name)
+    name = re.sub(r"\s*\)", ")", name)
+    return re.sub(r"\s*\[\s*", "[", re.sub(r"\s*\]", "]", name))

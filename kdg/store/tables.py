@@ -1,20 +1,28 @@
 """A user's table as a typed sink meets it: its columns and unique keys, checked against the mapping.
 
 Everything is checked before a record is read: a mapped column missing from the table, a type
-that does not fit, a NOT NULL column nothing fills, an upsert key without a unique index — each
-is a usage error naming the column. ``create_table`` makes the table from the mapping instead.
+Postgres does not have or that does not fit, a NOT NULL column nothing fills, an upsert key without a
+unique index — each is a usage error naming the column. A column mapped without a type takes the
+table's. ``create_table`` makes the table from the mapping instead (every type given, then).
 """
 
-from dataclasses import dataclass, replace
+import re
+from dataclasses import dataclass, field, replace
 
 from kdg.errors import UsageError
-from kdg.mapping.spec import Mapping, with_key
+from kdg.mapping.spec import Column, Mapping, with_key
+from kdg.mapping.types import ColumnType
 from kdg.store.identity import resolve_table
 
-_COLUMNS = """SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type, a.attnotnull AS not_null,
-                     a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS defaulted
-              FROM pg_attribute a WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
+_COLUMNS = """SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type,
+                     format_type(a.atttypid, NULL) AS pg, t.typcategory = 'A' AS is_array,
+                     a.attnotnull AS not_null, a.atthasdef OR a.attidentity <> '' OR a.attgenerated <> '' AS defaulted
+              FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+              WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
               ORDER BY a.attnum"""
+# a type name (already checked to be nothing more) as Postgres resolves it on the search path
+_TYPE = """SELECT format_type(t.oid, NULL) AS pg, t.typcategory = 'A' AS is_array, t.typisdefined AS defined
+           FROM pg_type t WHERE t.oid = to_regtype($1)"""
 # unique indexes ON CONFLICT can use: no predicate, no expressions; key columns only (INCLUDE ones left out)
 _UNIQUE = """SELECT i.indisprimary AS is_primary, array_agg(a.attname::text ORDER BY k.n) AS columns
              FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
@@ -29,12 +37,20 @@ class TableShape:
     """What a typed sink needs to know of a table."""
 
     types: dict[str, str]                                  # column → format_type()
+    base: dict[str, tuple[str, bool]] = field(default_factory=dict)  # column → (format_type without modifier, array)
     unfilled: tuple[str, ...] = ()                         # NOT NULL columns with no default
     unique_keys: tuple[frozenset, ...] = ()                # column sets of usable unique indexes
     primary_key: tuple[str, ...] = ()
 
     def has(self, column: str) -> bool:
         return column in self.types
+
+    def base_of(self, column: str) -> tuple[str, bool]:
+        """(its type without a modifier, whether it is an array); from the type's text when not read from the catalog."""
+        if column in self.base:
+            return self.base[column]
+        text = self.types[column]
+        return re.sub(r"\(\d+(?:,\d+)?\)", "", text), text.endswith("]")
 
 
 async def inspect_table(conn, table) -> TableShape | None:
@@ -48,22 +64,45 @@ async def inspect_table(conn, table) -> TableShape | None:
     columns = await conn.fetch(_COLUMNS, table.sql)
     unique = await conn.fetch(_UNIQUE, table.sql)
     return TableShape(types={r["name"]: r["type"] for r in columns},
+                      base={r["name"]: (r["pg"], r["is_array"]) for r in columns},
                       unfilled=tuple(r["name"] for r in columns if r["not_null"] and not r["defaulted"]),
                       unique_keys=tuple(frozenset(r["columns"]) for r in unique),
                       primary_key=next((tuple(r["columns"]) for r in unique if r["is_primary"]), ()))
 
 
+async def resolve_types(conn, mapping: Mapping) -> Mapping:
+    """Every type the mapping names, as Postgres names it (a usage error when Postgres has no such type)."""
+    columns = []
+    for column in mapping.columns:
+        if column.type is not None:
+            found = await conn.fetchrow(_TYPE, column.type.lookup)
+            if found is None or not found["defined"]:
+                raise UsageError(f"column {column.name!r}: unknown type {column.type.name!r}: Postgres has no such "
+                                 "type on the search path (a type in another schema: SCHEMA.TYPE)")
+            column = replace(column, type=column.type.resolved(found["pg"], found["is_array"]))
+        columns.append(column)
+    return replace(mapping, columns=tuple(columns))
+
+
+def _from_table(column: Column, shape: TableShape) -> Column:
+    pg, array = shape.base_of(column.name)
+    return replace(column, type=ColumnType(shape.types[column.name], pg, pg=pg, array=array))
+
+
 def check_mapping(mapping: Mapping, shape: TableShape) -> Mapping:
-    """``mapping`` checked against the table, with its key columns resolved (the table's primary key if unset)."""
+    """``mapping`` (its types resolved) checked against the table; its key columns resolved (the table's primary
+    key if unset) and the type of each column mapped without one taken from the table."""
     table = mapping.table.text
     for column in mapping.columns:
         if not shape.has(column.name):
             raise UsageError(f'column "{column.name}" is not in table {table} (its columns: '
                              f'{", ".join(shape.types)})')
         found = shape.types[column.name]
-        if not column.type.fits(found):
+        if column.type is not None and not column.type.fits(found, shape.base_of(column.name)[0]):
             raise UsageError(f'column "{column.name}": the mapping says {column.type.name}, '
                              f"table {table} has {found}")
+    mapping = replace(mapping, columns=tuple(c if c.type is not None else _from_table(c, shape)
+                                             for c in mapping.columns))
     mapped = {c.name for c in mapping.columns}
     unfilled = [c for c in shape.unfilled if c not in mapped]
     if unfilled:
@@ -97,12 +136,16 @@ async def prepare_table(conn, mapping: Mapping, *, dry_run: bool = False) -> tup
     and its key resolved, and the table's shape (None: a dry run would create it).
     """
     table = await resolve_table(conn, mapping.table)
-    mapping = replace(mapping, table=table)
+    mapping = await resolve_types(conn, replace(mapping, table=table))
     shape = await inspect_table(conn, table)
     if shape is None:
         if not mapping.create_table:
             raise UsageError(f"table {table.text} does not exist: create it, or pass --create-table "
                              "(create_table = true) to make it from the mapping")
+        untyped = [c.name for c in mapping.columns if c.type is None]
+        if untyped:
+            raise UsageError(f"--create-table: column {untyped[0]!r} needs its type, as the table does not exist "
+                             f"yet: --column '{untyped[0]} TYPE = …'")
         if not mapping.key and (mapping.mode == "upsert" or mapping.on_tombstone == "delete"):
             why = "upsert" if mapping.mode == "upsert" else "on_tombstone = delete"
             raise UsageError(f"--create-table: {why} needs key columns, the new table's primary key: "
