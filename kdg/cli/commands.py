@@ -53,11 +53,12 @@ def _notice(text: str) -> None:
 
 
 def _run_with_bar(bar, run, req):
-    """Call ``run(req)`` (a long-running command) with the progress bar (if any) live on stderr, and the native
-    memory its clients free given back to the system (:mod:`kdg.memory`)."""
-    from kdg.memory import returned_to_the_system
+    """Call ``run(req)`` (a long-running command) with the progress bar (if any) live on stderr, the native
+    memory its clients free given back to the system, and the cyclic collector kept off its batches
+    (:mod:`kdg.memory`)."""
+    from kdg.memory import collected_rarely, returned_to_the_system
 
-    with returned_to_the_system(), bar if bar is not None else contextlib.nullcontext():
+    with returned_to_the_system(), collected_rarely(), bar if bar is not None else contextlib.nullcontext():
         return run(req)
 
 
