@@ -398,6 +398,8 @@ def test_a_bad_id_from_is_a_usage_error(spec):
 ORDERS_SHAPE = TableShape(
     types={"order_id": "bigint", "customer": "character varying(20)", "amount": "numeric(12,2)",
            "placed_at": "timestamp with time zone", "note": "text", "status": "text"},
+    base={"order_id": ("bigint", False), "customer": ("character varying", False), "amount": ("numeric", False),
+          "placed_at": ("timestamp with time zone", False), "note": ("text", False), "status": ("text", False)},
     unfilled=("order_id",), unique_keys=(frozenset({"order_id"}), frozenset({"customer", "placed_at"})),
     primary_key=("order_id",))
 ORDER_COLUMNS = ["order_id bigint = json:id", "customer text = json:customer", "amount numeric = json:amount",

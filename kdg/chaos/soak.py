@@ -150,7 +150,7 @@ class Soak:
                 "ledger_bytes": store.fetchval(size, "kdg_ledger")}
 
     # -- audits ------------------------------------------------------------------------------
-    def _ledger_reached(self) -> tuple[datetime | None, datetime | None]:
+    def _ledger_state(self) -> tuple[datetime | None, datetime | None]:
         """The time of the newest key the ledger holds (every key produced before it has its row), and its
         horizon (rows recorded before it were dropped)."""
         from kdg.store.pg import Store
@@ -179,7 +179,7 @@ class Soak:
                                 "until": self.utc(hi).isoformat(), "done": False, "audits": {}, "tries": 0})
             lo = hi
         try:
-            reached, horizon = self._ledger_reached()
+            reached, horizon = self._ledger_state()
             for s in [s for s in self.slices if not s["done"]]:
                 if not final and (reached is None or reached < self.utc(s["until_t"])):
                     break

@@ -74,6 +74,7 @@ class RowMaker:
         raise ValueError(f"a Debezium change event with op {op!r}: only c, u, r and d are applied")
 
     def _values(self, rec, key, tomb: bool, doc=None) -> list:
+        """The column texts; ``doc`` is the value's JSON already read (a change event's row), else read here."""
         if not self._cdc:
             try:
                 doc = parse_json(rec.value) if self._value_json and not tomb else None
@@ -83,7 +84,7 @@ class RowMaker:
             key_doc = parse_json(rec.key) if self._key_json else None
         except ValueError as exc:
             raise ValueError(f"bad JSON in the record key: {exc}") from None
-        if self._cdc:
+        if self._cdc:  # the key as Kafka Connect wrapped it, or bare
             key_doc = _unwrapped(key_doc)
         values = [read(rec, key, doc, key_doc) for read in self._readers]
         for i, value in enumerate(values):

@@ -6,8 +6,7 @@ unique index — each is a usage error naming the column. A column mapped withou
 table's. ``create_table`` makes the table from the mapping instead (every type given, then).
 """
 
-import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from kdg.errors import UsageError
 from kdg.mapping.spec import Column, Mapping, with_key
@@ -20,9 +19,10 @@ _COLUMNS = """SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS 
               FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
               WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped
               ORDER BY a.attnum"""
-# a type name (already checked to be nothing more) as Postgres resolves it on the search path
-_TYPE = """SELECT format_type(t.oid, NULL) AS pg, t.typcategory = 'A' AS is_array, t.typisdefined AS defined
-           FROM pg_type t WHERE t.oid = to_regtype($1)"""
+# type names (already checked to be nothing more) as Postgres resolves them on the search path, in one trip
+_TYPES = """SELECT format_type(t.oid, NULL) AS pg, t.typcategory = 'A' AS is_array
+            FROM unnest($1::text[]) WITH ORDINALITY AS n(name, i)
+            LEFT JOIN pg_type t ON t.oid = to_regtype(n.name) AND t.typisdefined ORDER BY n.i"""
 # unique indexes ON CONFLICT can use: no predicate, no expressions; key columns only (INCLUDE ones left out)
 _UNIQUE = """SELECT i.indisprimary AS is_primary, array_agg(a.attname::text ORDER BY k.n) AS columns
              FROM pg_index i CROSS JOIN LATERAL unnest(i.indkey::int2[]) WITH ORDINALITY AS k(attnum, n)
@@ -37,20 +37,13 @@ class TableShape:
     """What a typed sink needs to know of a table."""
 
     types: dict[str, str]                                  # column → format_type()
-    base: dict[str, tuple[str, bool]] = field(default_factory=dict)  # column → (format_type without modifier, array)
+    base: dict[str, tuple[str, bool]]                      # column → (format_type without modifier, array)
     unfilled: tuple[str, ...] = ()                         # NOT NULL columns with no default
     unique_keys: tuple[frozenset, ...] = ()                # column sets of usable unique indexes
     primary_key: tuple[str, ...] = ()
 
     def has(self, column: str) -> bool:
         return column in self.types
-
-    def base_of(self, column: str) -> tuple[str, bool]:
-        """(its type without a modifier, whether it is an array); from the type's text when not read from the catalog."""
-        if column in self.base:
-            return self.base[column]
-        text = self.types[column]
-        return re.sub(r"\(\d+(?:,\d+)?\)", "", text), text.endswith("]")
 
 
 async def inspect_table(conn, table) -> TableShape | None:
@@ -72,20 +65,23 @@ async def inspect_table(conn, table) -> TableShape | None:
 
 async def resolve_types(conn, mapping: Mapping) -> Mapping:
     """Every type the mapping names, as Postgres names it (a usage error when Postgres has no such type)."""
+    typed = [c for c in mapping.columns if c.type is not None]
+    found = dict(zip((c.name for c in typed),
+                     await conn.fetch(_TYPES, [c.type.lookup for c in typed]) if typed else []))
     columns = []
     for column in mapping.columns:
         if column.type is not None:
-            found = await conn.fetchrow(_TYPE, column.type.lookup)
-            if found is None or not found["defined"]:
+            pg = found[column.name]
+            if pg["pg"] is None:
                 raise UsageError(f"column {column.name!r}: unknown type {column.type.name!r}: Postgres has no such "
                                  "type on the search path (a type in another schema: SCHEMA.TYPE)")
-            column = replace(column, type=column.type.resolved(found["pg"], found["is_array"]))
+            column = replace(column, type=column.type.resolved(pg["pg"], pg["is_array"]))
         columns.append(column)
     return replace(mapping, columns=tuple(columns))
 
 
 def _from_table(column: Column, shape: TableShape) -> Column:
-    pg, array = shape.base_of(column.name)
+    pg, array = shape.base[column.name]
     return replace(column, type=ColumnType(shape.types[column.name], pg, pg=pg, array=array))
 
 
@@ -98,7 +94,7 @@ def check_mapping(mapping: Mapping, shape: TableShape) -> Mapping:
             raise UsageError(f'column "{column.name}" is not in table {table} (its columns: '
                              f'{", ".join(shape.types)})')
         found = shape.types[column.name]
-        if column.type is not None and not column.type.fits(found, shape.base_of(column.name)[0]):
+        if column.type is not None and not column.type.fits(found, shape.base[column.name][0]):
             raise UsageError(f'column "{column.name}": the mapping says {column.type.name}, '
                              f"table {table} has {found}")
     mapping = replace(mapping, columns=tuple(c if c.type is not None else _from_table(c, shape)
