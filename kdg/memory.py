@@ -26,8 +26,8 @@ M_ARENA_MAX = -8      # glibc's mallopt parameters
 M_MMAP_THRESHOLD = -3
 ARENAS = 2            # librdkafka's threads share two arenas instead of one each (up to 8 per core)
 MMAP_THRESHOLD = 128 * 1024  # glibc's initial value; setting it stops the sliding (mallopt(3))
-TRIM_EVERY_S = 10.0
-GC_YOUNG = 50_000     # allocations between young collections (Python's default: 700)   # malloc_trim walks the free chunks: well under a millisecond on these heaps
+TRIM_EVERY_S = 10.0   # malloc_trim walks the free chunks: well under a millisecond on these heaps
+GC_YOUNG = 50_000     # allocations between young collections (Python's default: 700)
 
 
 def _glibc():
