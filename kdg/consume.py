@@ -205,14 +205,15 @@ def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metr
         def on_assign(assigned):
             chosen = offsets.assign(assigned)
             faults.reach("during-rebalance")  # partitions taken (fences bumped), not yet fetching
-            metrics.rebalanced(req.topic, "assigned", len(chosen), len(consumer.assigned) + len(chosen))
+            metrics.rebalanced(req.topic, "assigned", [p.partition for p in chosen],
+                               len(consumer.assigned) + len(chosen))
             metrics.not_ready = None
             return chosen
 
         def on_revoke(revoked):
             offsets.revoke(revoked)
             held = len(consumer.assigned) - len(revoked)
-            metrics.rebalanced(req.topic, "revoked", len(revoked), held)
+            metrics.rebalanced(req.topic, "revoked", [p.partition for p in revoked], held)
             metrics.forget(req.topic, [p.partition for p in revoked])
             metrics.not_ready = None if held > 0 else "no partitions assigned"
 

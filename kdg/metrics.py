@@ -175,10 +175,13 @@ class Metrics:
             self.pg_outages.labels(self.guarantee).inc()
             self.pg_outage_seconds.labels(self.guarantee).inc(seconds)
 
-    def rebalanced(self, topic: str, kind: str, partitions: int, held: int) -> None:
+    def rebalanced(self, topic: str, kind: str, partitions: list[int], held: int) -> None:
         if self.enabled:
-            self.rebalances.labels(self.guarantee, topic, kind).inc(partitions)
+            self.rebalances.labels(self.guarantee, topic, kind).inc(len(partitions))
             self.assigned.labels(self.guarantee, topic).set(held)
+            if kind == "assigned":  # a series from 0 for each partition held, so rate() sees its first batch
+                for p in partitions:
+                    self.read.labels(self.guarantee, topic, str(p))
 
     def forget(self, topic: str, partitions: list[int]) -> None:
         """Partitions this member gave up: their lag is another member's to report now."""
