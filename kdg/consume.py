@@ -120,13 +120,17 @@ def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue, consumer: KdgC
 def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool) -> Batch:
     """Turn messages into a batch: good records with keys, and dead letters with a reason.
 
-    This runs once per record, so it reads each message once and keeps to local names.
+    This runs once per record, so it reads each message once and keeps to local names. Records share
+    one topic string (a message's own lives as long as anything holds it).
     """
     batch = Batch()
     records, dead, first, after = batch.records, batch.dead, batch.first_offsets, batch.next_offsets
     max_bytes, utf8 = req.max_bytes, req.require_utf8
+    topic = None
     for msg in msgs:
-        topic, partition, offset = msg.topic(), msg.partition(), msg.offset()
+        partition, offset = msg.partition(), msg.offset()
+        if msg.topic() != topic:
+            topic = msg.topic()
         rec = Record(msg.value(), msg.key(), msg.headers() or [], partition, topic, offset, msg.timestamp()[1])
         tp = (topic, partition)
         if tp not in first:
@@ -250,17 +254,18 @@ def _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics) 
             if req.count is not None:
                 want = min(want, req.count - report.consumed - sink.records_in_flight)
             msgs = consumer.poll_batch(want, req.batch_ms / 1000) if want > 0 else []
-            if msgs:
+            got = bool(msgs)
+            if got:
                 last_data = time.monotonic()
                 _handle(msgs, req, policy, resolver, offsets, sink, report, metrics)
             elif sink.records_in_flight:  # idle: account for what finished writing meanwhile
                 _settle(sink.collect(), req, offsets, sink, report, metrics)
             for skipped in _maintain(req, offsets, sink, report, metrics):  # busy or idle: claims expire either way
                 req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
-            stop = _stop_reason(req, msgs, end, report, last_data, sink.records_in_flight)
+            stop = _stop_reason(req, got, end, report, last_data, sink.records_in_flight)
             if stop and sink.records_in_flight:  # decide on what is written, not on what is being written
                 _settle(sink.drain(), req, offsets, sink, report, metrics)
-                stop = _stop_reason(req, msgs, end, report, last_data, 0)
+                stop = _stop_reason(req, got, end, report, last_data, 0)
             if stop:
                 report.stopped_by = stop
                 break
@@ -283,10 +288,10 @@ def _maintain(req, offsets, sink, report, metrics) -> list:
         return []
 
 
-def _stop_reason(req, msgs, end, report, last_data: float, in_flight: int) -> str | None:
+def _stop_reason(req, got: bool, end, report, last_data: float, in_flight: int) -> str | None:
     if req.count is not None and report.consumed + in_flight >= req.count:
         return "count"
-    if req.exit_at_end and not msgs and end.reached():
+    if req.exit_at_end and not got and end.reached():
         return "end of topic"
     if req.idle_timeout is not None and time.monotonic() - last_data >= req.idle_timeout:
         return "idle timeout"
@@ -296,6 +301,7 @@ def _stop_reason(req, msgs, end, report, last_data: float, in_flight: int) -> st
 def _handle(msgs, req, policy, resolver, offsets, sink, report, metrics) -> None:
     faults.reach("after-poll-before-process")
     batch = _sort(msgs, resolver, req, must_have_key=policy.dedup)
+    msgs.clear()  # the records hold what they need: the messages go now, not when the next poll is in
     if not offsets.before_write(batch):
         report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
         metrics.dropped(batch, req.topic, "not-held")

@@ -7,6 +7,7 @@ into :class:`kdg.store.pg.Store`.
 """
 
 import asyncio
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import asyncpg
@@ -49,10 +50,11 @@ class Claims:
         """Every key carries a time inside the window: claims can go in by COPY."""
         return not self.outside and None not in self.times
 
-    def rows(self, keyed: list[tuple]) -> list[tuple]:
-        """Claim rows from ``(key, topic, partition, offset)`` tuples, in :data:`DEDUP_COLUMNS` order."""
+    def rows(self, keyed) -> Iterator[tuple]:
+        """Claim rows from ``(key, topic, partition, offset)`` tuples, in :data:`DEDUP_COLUMNS` order, one at a
+        time (COPY encodes each as it comes: a batch's rows never all exist twice)."""
         table = self.window.sink_table
-        return [(table, k, t, topic, p, o) for (k, topic, p, o), t in zip(keyed, self.times)]
+        return ((table, k, t, topic, p, o) for (k, topic, p, o), t in zip(keyed, self.times))
 
     @property
     def args(self) -> tuple:
@@ -75,7 +77,7 @@ async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[st
     return claims
 
 
-async def copy_claims(conn: asyncpg.Connection, claims: Claims, keyed: list[tuple]) -> bool:
+async def copy_claims(conn: asyncpg.Connection, claims: Claims, keyed) -> bool:
     """Claim keys by COPY straight into the table's claim table, under a savepoint; False (nothing
     claimed) if any key was claimed before or comes twice, or the batch is not :attr:`Claims.fast` —
     then the caller claims through :data:`CLAIM`, in SQL.
@@ -162,11 +164,11 @@ class ClaimsMixin:
         window = await self._claim_window(table)
         claims = await prepare_claims(self.conn, window, [r[0] for r in rows])
         self.unclaimed += claims.outside
-        if await copy_claims(self.conn, claims, [r[:4] for r in rows]):
+        if await copy_claims(self.conn, claims, (r[:4] for r in rows)):
             if claimed is not None:
                 claimed()
             await self.conn.copy_records_to_table(
-                table.name, schema_name=table.schema, records=[(r[0], group, *r[1:]) for r in rows],
+                table.name, schema_name=table.schema, records=((r[0], group, *r[1:]) for r in rows),
                 columns=GROUP_SINK_COLUMNS)
             return len(rows)
         await self.conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)

@@ -130,7 +130,7 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: list[
     if window is not None:
         claims = await prepare_claims(conn, window, [r[1] for r in rows])
         result.outside = claims.outside
-        if not await copy_claims(conn, claims, [r[1:5] for r in rows]):
+        if not await copy_claims(conn, claims, (r[1:5] for r in rows)):
             result.duplicates = int((await conn.execute(target.claim_sql(window.sql), *claims.args)).split()[-1])
             if result.duplicates == len(rows):
                 return result
