@@ -24,6 +24,9 @@ def _sum(slices: list[dict], sink: str, field: str) -> int:
 def _eos(results: dict, sink: str) -> dict:
     """0 lost, 0 duplicates, 0 unexpected over every slice, and the slices cover every record acknowledged."""
     s, acked = results["slices"], results["producer"].get("acked")
+    opening = results.get("opening")
+    if opening is not None and acked is not None:  # the opening backlog's records are audited too
+        acked = acked + opening["acked"] if "acked" in opening else None
     row = {f: _sum(s, sink, f) for f in ("acked", "processed_unique", "lost", "duplicates", "unexpected", "pending",
                                           "outside_window", "duplicates_beyond_dedup_window", "dead_lettered")}
     row["producer_acked"] = acked
@@ -66,9 +69,14 @@ def _rss(results: dict) -> list[dict]:
     return rows
 
 
+def judges_rss(minutes: float) -> bool:
+    """Whether a soak of ``minutes`` is long enough to judge RSS (every member must then be judged)."""
+    return minutes * 60 >= RSS_WARMUP_S + RSS_JUDGED_S + 60
+
+
 def _unjudged(results: dict, rss: list[dict]) -> list[str]:
     """In a run long enough to judge RSS, the members none of whose incarnations was judged."""
-    if results["config"]["minutes"] * 60 < RSS_WARMUP_S + RSS_JUDGED_S + 60:
+    if not judges_rss(results["config"]["minutes"]):
         return []
     judged = {r["member"] for r in rss if r["ok"] is not None}
     return [name for name in results["members"] if name not in judged]
