@@ -6,6 +6,10 @@ Rows (rows/s; medians of --repeat, measurements interleaved in rotated order):
   consume at-least-once → Postgres     vs the same COPY
   consume exactly-once, --pipeline 0   vs kdg's default pipelining — only if `kdg consume --help` lists
                                           --pipeline (0: each batch written before the next is polled)
+  consume exactly-once, CPU per record vs the floor: a bare confluent-kafka loop with the same client settings
+                                          that reads every message's fields and finds its kdg-id
+                                          (benchmarks/floor_loop.py); this row's ratio is of CPU-s per
+                                          million records, kdg's over the floor's (lower is better)
 
 Every run also gives CPU seconds per million rows: the consumer's own process (all threads, startup
 included; the COPY's is this process's asyncpg work) and the Postgres server's (the postmaster, the backends
@@ -68,6 +72,28 @@ def kdg_consume(layout, topic: str, guarantee: str, kdg_path: str, *extra) -> di
             "pg_cpu_s": None if pg_before is None else round(pg_after - pg_before, 2), **usage.to_dict()}
 
 
+def floor_loop(layout, topic: str, records: int, kdg_path: str) -> dict:
+    """The reference for CPU per record: benchmarks/floor_loop.py over the whole topic in a fresh group."""
+    env = {**os.environ, "PYTHONPATH": kdg_path}
+    out, usage = run_measured([sys.executable, "-P", os.path.join(os.path.dirname(__file__), "floor_loop.py"),
+                               layout.bootstrap_servers, topic, fresh_topic("floor"), str(records)], env)
+    report = json.loads(out)
+    if report["with_id"] != report["consumed"]:
+        raise RuntimeError(f"the floor loop found kdg-id in {report['with_id']} of {report['consumed']} messages")
+    return {"rate": report["msgs_per_s"], "records": report["consumed"], **usage.to_dict()}
+
+
+def cpu_row(measures: Measures, what: str, kdg: str, ref: str, ref_label: str) -> dict:
+    """A row whose ratio is CPU seconds per million records, ``kdg``'s over ``ref``'s (lower is better)."""
+    entry = row(measures, what, kdg, ref, ref_label)
+    entry["ratio"] = round(entry["kdg"]["cpu_s_per_m"] / entry["reference"]["cpu_s_per_m"], 2)
+    if "baseline" in entry:
+        entry["baseline"]["ratio"] = round(entry["baseline"]["kdg"]["cpu_s_per_m"]
+                                           / entry["reference"]["cpu_s_per_m"], 2)
+    entry["ratio_of"] = "cpu_s_per_m"
+    return entry
+
+
 def raw_copy(layout, rows: list[tuple]) -> dict:
     """The reference: one asyncpg COPY of ``rows`` into a fresh table shaped like kdg's sink, in this process."""
     import asyncpg
@@ -114,7 +140,8 @@ def consume_rows(layout, measures: Measures, records: int, repeat: int, here: st
     runs = {
         "consume EOS": lambda: kdg_consume(layout, topic, "exactly-once", here),
         "consume ALO": lambda: kdg_consume(layout, topic, "at-least-once", here),
-        "asyncpg COPY": lambda: raw_copy(layout, rows)}
+        "asyncpg COPY": lambda: raw_copy(layout, rows),
+        "floor": lambda: floor_loop(layout, topic, records, here)}
     if pipeline:
         runs["consume EOS pipeline 0"] = lambda: kdg_consume(layout, topic, "exactly-once", here, "--pipeline", 0)
     if baseline:
@@ -134,4 +161,6 @@ def consume_rows(layout, measures: Measures, records: int, repeat: int, here: st
     if pipeline:
         out.append(row(measures, "consume exactly-once → Postgres, --pipeline 0 (rows/s)", "consume EOS pipeline 0",
                        "consume EOS", "kdg default pipelining"))
+    out.append(cpu_row(measures, "consume exactly-once → Postgres: CPU per record over the floor's (CPU-s/M ratio, "
+                       "lower is better)", "consume EOS", "floor", "bare confluent-kafka loop"))
     return out
