@@ -108,6 +108,9 @@ def pid_state(layout: StackLayout) -> str:
             f"{procs.process_state(recorded) if recorded else None}); postmaster.pid names {postmaster}")
 
 
+SHM_HELD = "pre-existing shared memory block"  # the server's refusal while an old backend still lives
+
+
 def start(layout: StackLayout, timeout: float = 300.0) -> int:
     """Start the server unless it runs; wait until it accepts connections; create the database.
 
@@ -125,16 +128,22 @@ def start(layout: StackLayout, timeout: float = 300.0) -> int:
     cmd = [str(bin_dir() / "postgres"), "-D", str(_data_dir(layout)), "-p", str(layout.pg_port),
            "-c", f"listen_addresses={HOST}", "-c", f"unix_socket_directories={layout.pg_dir}",
            "-c", "max_connections=200", "-c", "shared_buffers=256MB", "-c", "max_wal_size=2GB"]
-    new_pid = procs.start_detached(cmd, log=log_path(layout), pidfile=_pidfile(layout), user=user)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if _ready(layout):
-            _create_database(layout)
-            return new_pid
-        if not is_running(layout):
-            break
-        time.sleep(0.2)
-    raise StackError(f"PostgreSQL did not start; last lines of {log_path(layout)}:\n{procs.tail(log_path(layout))}")
+    while True:
+        new_pid = procs.start_detached(cmd, log=log_path(layout), pidfile=_pidfile(layout), user=user)
+        while time.monotonic() < deadline:
+            if _ready(layout):
+                _create_database(layout)
+                return new_pid
+            if not is_running(layout):
+                break
+            time.sleep(0.2)
+        if time.monotonic() < deadline and SHM_HELD in procs.tail(log_path(layout), 5):
+            time.sleep(1.0)  # a process of the old server still holds its shared memory, on its way out
+            _remove_stale_lock(layout)
+            continue
+        raise StackError(f"PostgreSQL did not start; last lines of {log_path(layout)}:\n"
+                         f"{procs.tail(log_path(layout))}")
 
 
 def _remove_stale_lock(layout: StackLayout) -> None:
@@ -179,10 +188,19 @@ def stop(layout: StackLayout, *, hard: bool = False) -> bool:
     p = pid(layout)
     if p is None:
         return False
-    backends = procs.children(p) if hard else []
-    procs.stop_pid(p, hard=hard, sig=signal.SIGINT, timeout=60)
-    if backends:
-        procs.stop_pids(backends, hard=True, timeout=10)
+    if not hard:
+        procs.stop_pid(p, sig=signal.SIGINT, timeout=60)
+        return True
+    # stopped first, the server forks no backend between the listing of its children and its death: a
+    # connection accepted in that gap left a backend unlisted, holding the shared memory, and a soak's
+    # Postgres stayed down for 6 minutes ("pre-existing shared memory block ... is still in use")
+    try:
+        os.kill(p, signal.SIGSTOP)
+        backends = procs.children(p)
+        os.kill(p, signal.SIGKILL)
+    except ProcessLookupError:
+        backends = []
+    procs.stop_pids([p, *backends], hard=True, timeout=10)
     return True
 
 
