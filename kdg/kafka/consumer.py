@@ -14,9 +14,12 @@ _REBALANCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, Kafk
 
 
 COMMIT_RETRY_S = 60  # how long a commit is asked again while the group's coordinator moves or loads
-# the group coordinator moving or still loading its offsets, or a slow answer: asking again is the fix
+# the group coordinator moving or still loading its offsets, or a slow answer: asking again is the fix.
+# _WAIT_COORD is librdkafka's own "no coordinator yet" (a soak's at-least-once consumer died of it after a
+# broker kill: "Commit failed: Local: Waiting for coordinator"); librdkafka does not call it retriable
 _TRANSIENT = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-              KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT}
+              KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError.REQUEST_TIMED_OUT, KafkaError._TIMED_OUT,
+              KafkaError._WAIT_COORD}
 
 
 def committed_offsets(consumer, topic: str, partitions: list[int], give_up_after: float = 30) -> dict[int, int | None]:
