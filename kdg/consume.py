@@ -121,13 +121,15 @@ def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool)
     """Turn messages into a batch: good records with keys, and dead letters with a reason.
 
     This runs once per record, so it reads each message once and keeps to local names. Records share
-    one topic string (a message's own lives as long as anything holds it).
+    one topic string (a message's own lives as long as anything holds it), and each message is let go
+    once read: a batch's messages and its records never all live at once.
     """
     batch = Batch()
     records, dead, first, after = batch.records, batch.dead, batch.first_offsets, batch.next_offsets
     max_bytes, utf8 = req.max_bytes, req.require_utf8
     topic = None
-    for msg in msgs:
+    for i, msg in enumerate(msgs):
+        msgs[i] = None
         partition, offset = msg.partition(), msg.offset()
         if msg.topic() != topic:
             topic = msg.topic()
@@ -301,7 +303,7 @@ def _stop_reason(req, got: bool, end, report, last_data: float, in_flight: int) 
 def _handle(msgs, req, policy, resolver, offsets, sink, report, metrics) -> None:
     faults.reach("after-poll-before-process")
     batch = _sort(msgs, resolver, req, must_have_key=policy.dedup)
-    msgs.clear()  # the records hold what they need: the messages go now, not when the next poll is in
+    msgs.clear()
     if not offsets.before_write(batch):
         report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
         metrics.dropped(batch, req.topic, "not-held")

@@ -34,25 +34,32 @@ class RowMaker:
         A value or key that is not JSON, or text Postgres cannot hold (NUL, a lone surrogate),
         makes a dead letter with the reason; so does a tombstone under ``dead-letter``.
         """
-        rows, dead = [], []
-        for seq, (rec, key) in enumerate(records):
-            tomb = rec.value is None
-            if tomb and self._tombstones == "dead-letter":
-                dead.append((rec, TOMBSTONE_REASON, key))
-                continue
-            try:
-                deleted, doc = self._change(rec) if self._cdc and not tomb else (False, None)
-                if deleted:  # staged as a tombstone: deleted by key, or (ignore) claimed and not applied
-                    if self._tombstones == "dead-letter":
-                        dead.append((rec, DELETE_REASON, key))
-                        continue
-                    tomb = True
-                values = self._values(rec, key, tomb, doc)
-            except ValueError as exc:
-                dead.append((rec, str(exc), key))
-                continue
-            rows.append((seq, key, rec.topic, rec.partition, rec.offset, tomb, *values))
-        return rows, dead
+        staged = self.staged(records)
+        return list(staged), staged.dead
+
+    def staged(self, records, *, keep: bool = False) -> "StagedRows":
+        """:meth:`rows`, made as they are read: a COPY takes each row as it is made, so a batch's rows
+        never all live at once (``keep`` keeps them, for a ``--handler``)."""
+        return StagedRows(self, records, keep)
+
+    def _row(self, seq: int, rec, key, dead: list) -> tuple | None:
+        """The staged row of one record; None when it became a dead letter ``(record, reason, key)`` in ``dead``."""
+        tomb = rec.value is None
+        if tomb and self._tombstones == "dead-letter":
+            dead.append((rec, TOMBSTONE_REASON, key))
+            return None
+        try:
+            deleted, doc = self._change(rec) if self._cdc and not tomb else (False, None)
+            if deleted:  # staged as a tombstone: deleted by key, or (ignore) claimed and not applied
+                if self._tombstones == "dead-letter":
+                    dead.append((rec, DELETE_REASON, key))
+                    return None
+                tomb = True
+            values = self._values(rec, key, tomb, doc)
+        except ValueError as exc:
+            dead.append((rec, str(exc), key))
+            return None
+        return (seq, key, rec.topic, rec.partition, rec.offset, tomb, *values)
 
     def _change(self, rec) -> tuple[bool, dict | None]:
         """A Debezium change event (bare, or JsonConverter's ``{"schema", "payload"}``): (False, its ``after``)
@@ -93,6 +100,54 @@ class RowMaker:
                 raise ValueError(f"column {self.columns[i].name!r}: Postgres text cannot hold this value "
                                  "(a NUL character or a lone UTF-16 surrogate)")
         return values
+
+
+class StagedRows:
+    """A batch's staged rows (:meth:`RowMaker.staged`), made on the first pass over them; later passes
+    give the kept rows (``keep``) or nothing.
+
+    After that pass: ``count`` rows were made, ``dead`` holds the dead letters ``(record, reason, key)``,
+    and :meth:`claims` gives ``(key, topic, partition, offset)`` of each row, for its claim.
+    """
+
+    def __init__(self, maker: RowMaker, records, keep: bool):
+        self.records, self.count, self.dead = records, 0, []
+        self._maker, self._kept, self._made = maker, [] if keep else None, False
+        self._dead_seqs: set[int] = set()
+
+    @property
+    def kept(self) -> list[tuple]:
+        """Every row, for a ``--handler``: made with ``keep``, or not made yet."""
+        if self._kept is None:
+            if self._made:
+                raise RuntimeError("staged rows were made without keep=True: they are gone")
+            self._kept = []
+        if not self._made:
+            for _ in self:
+                pass
+        return self._kept
+
+    def __iter__(self):
+        if self._made:
+            yield from self._kept or ()
+            return
+        self._made = True
+        row_of, dead, dead_seqs, kept = self._maker._row, self.dead, self._dead_seqs, self._kept
+        for seq, (rec, key) in enumerate(self.records):
+            row = row_of(seq, rec, key, dead)
+            if row is None:
+                dead_seqs.add(seq)
+                continue
+            self.count += 1
+            if kept is not None:
+                kept.append(row)
+            yield row
+
+    def claims(self):
+        dead = self._dead_seqs
+        for seq, (rec, key) in enumerate(self.records):
+            if seq not in dead:
+                yield key, rec.topic, rec.partition, rec.offset
 
 
 def _unwrapped(doc):

@@ -28,12 +28,12 @@ class TypedPostgresSink(PostgresSink):
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
         """Write ``batch``; ``handler(rows, conn)`` gets the staged rows (see :mod:`kdg.mapping.rows`)."""
-        rows, unreadable = self.rows.rows(batch.records)
-        self.dlq.send(batch.dead + unreadable)  # durable before the rows and offsets that account for them commit
+        rows = self.rows.staged(batch.records, keep=self.handler is not None)  # made as the COPY reads them
+        self.dlq.send(batch.dead)  # durable before the rows and offsets that account for them commit
         records = batch.records
 
-        def dead_letter(rejected) -> None:  # inside the transaction: durable before it commits
-            self.dlq.send([refused_row(*records[seq], state, message) for seq, state, message in rejected])
+        def dead_letter(unreadable, rejected) -> None:  # inside the transaction: durable before it commits
+            self.dlq.send(unreadable + [refused_row(*records[seq], state, message) for seq, state, message in rejected])
 
         def at_commit() -> None:
             faults.reach("inside-pg-transaction")
@@ -43,6 +43,6 @@ class TypedPostgresSink(PostgresSink):
         offsets = {p: o for (_, p), o in batch.next_offsets.items()} if atomic else None
         result = self.store.write_typed(
             self.target, rows, claim=atomic, group=self.group, topic=self.topic, next_offsets=offsets,
-            fences={p: self.fences.get(p, -1) for p in offsets or ()}, on_rejected=dead_letter,
+            fences={p: self.fences.get(p, -1) for p in offsets or ()}, dead_letter=dead_letter,
             handler=self.handler, before_commit=at_commit)
-        return WriteResult(result.written, result.duplicates, len(unreadable) + len(result.rejected))
+        return WriteResult(result.written, result.duplicates, len(rows.dead) + len(result.rejected))

@@ -121,13 +121,13 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
     fill = _keys(spec)
     with Store(spec.dsn) as store:
         def flush() -> None:
-            rows, unreadable = maker.rows(pending)
-            dlq.send(unreadable)  # durable before the chunk's transaction commits
-            result = store.write_typed(spec.typed, rows, claim=spec.dedup, on_rejected=lambda rejected: dlq.send(
-                [refused_row(*pending[seq], state, message) for seq, state, message in rejected]))
+            rows = maker.staged(pending)  # made as the COPY reads them
+            result = store.write_typed(spec.typed, rows, claim=spec.dedup, dead_letter=lambda unreadable, rejected:
+                                       dlq.send(unreadable + [refused_row(*pending[seq], state, message)
+                                                              for seq, state, message in rejected]))
             totals["rows_written"] += result.written
             totals["duplicates_dropped"] += result.duplicates
-            totals["dead_lettered"] += len(unreadable) + len(result.rejected)
+            totals["dead_lettered"] += len(rows.dead) + len(result.rejected)
             totals["chunks"] += 1
             pending.clear()
             if fault_armed:

@@ -6,6 +6,7 @@ Mixed into :class:`kdg.store.pg.Store`. The typed table's statements are built i
 :mod:`kdg.store.typed`, its checks and DDL in :mod:`kdg.store.tables`.
 """
 
+from kdg.mapping.rows import StagedRows
 from kdg.settings import TableName, redact_dsn, table_name
 from kdg.store.claims import maybe_await
 from kdg.store.identity import resolve_table
@@ -73,32 +74,33 @@ class SinksMixin:
 
         return self._run(prepare())
 
-    def write_typed(self, target: TypedTarget, rows: list[tuple], *, claim: bool, group: str | None = None,
+    def write_typed(self, target: TypedTarget, rows: StagedRows, *, claim: bool, group: str | None = None,
                     topic: str | None = None, next_offsets: dict[int, int] | None = None,
-                    fences: dict[int, int] | None = None, on_rejected=None, handler=None,
+                    fences: dict[int, int] | None = None, dead_letter=None, handler=None,
                     before_commit=None) -> TypedResult:
         """One transaction: stage and write ``rows`` (claiming keys when ``claim``), then move fenced offsets.
 
-        ``on_rejected(rejected)`` runs before the commit, so rows Postgres refused are dead-lettered
-        durably before the offsets that account for them move.
+        ``dead_letter(unreadable, rejected)`` runs before the commit, with the records the mapping could not
+        read (``(record, reason, key)``) and the rows Postgres refused (``(seq, sqlstate, message)``), so they
+        are dead-lettered durably before the offsets that account for them move.
         """
-        return self._run(self._write_typed(target, rows, claim, group, topic, next_offsets, fences, on_rejected,
+        return self._run(self._write_typed(target, rows, claim, group, topic, next_offsets, fences, dead_letter,
                                            handler, before_commit))
 
-    async def _write_typed(self, target, rows, claim, group, topic, next_offsets, fences, on_rejected, handler,
+    async def _write_typed(self, target, rows, claim, group, topic, next_offsets, fences, dead_letter, handler,
                            before_commit) -> TypedResult:
         if target.stage not in self._stages:  # ISO times without an offset are UTC, in consume and Spark alike
             await self.conn.execute("SET TIME ZONE 'UTC'")
             await self.conn.execute(target.stage_ddl())
             self._stages.add(target.stage)
         async with self.conn.transaction():
-            window = await self._claim_window(target.mapping.table) if claim and rows else None
+            window = await self._claim_window(target.mapping.table) if claim else None
             result = await write_batch(self.conn, target, rows, window=window)
             self.unclaimed += result.outside
-            if result.rejected and on_rejected is not None:
-                on_rejected(result.rejected)
+            if (rows.dead or result.rejected) and dead_letter is not None:
+                dead_letter(rows.dead, result.rejected)
             if handler is not None:
-                await maybe_await(handler(rows, self.conn))
+                await maybe_await(handler(rows.kept, self.conn))
             if next_offsets:
                 await self._move_offsets(group, topic, next_offsets, fences)
             if before_commit is not None:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from kdg.mapping.rows import STAGE_PREFIX
+from kdg.mapping.rows import STAGE_PREFIX, StagedRows
 from kdg.mapping.spec import Mapping
 from kdg.store.claims import CLAIM, OUTSIDE, copy_claims, prepare_claims
 from kdg.store.windows import Window
@@ -116,23 +116,24 @@ class TypedResult:
     rejected: list = field(default_factory=list)  # (seq, sqlstate, message) of rows Postgres refused
 
 
-async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: list[tuple], *,
+async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, *,
                       window: Window | None) -> TypedResult:
     """Stage, claim (exactly-once: ``window`` is the table's claim window) and write ``rows``, in the open
-    transaction."""
+    transaction. The rows are made as the COPY reads them; the records they could not be made from are
+    then in ``rows.dead``."""
     result = TypedResult()
-    if not rows:
-        return result
     # a deferred constraint would fail the whole transaction at COMMIT, with no row to blame: check
     # every constraint at its statement, so a refused row is found below like any other
     await conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
     await conn.copy_records_to_table(target.stage, records=rows, columns=target.copy_columns)
+    if not rows.count:
+        return result
     if window is not None:
-        claims = await prepare_claims(conn, window, [r[1] for r in rows])
+        claims = await prepare_claims(conn, window, [key for key, *_ in rows.claims()])
         result.outside = claims.outside
-        if not await copy_claims(conn, claims, (r[1:5] for r in rows)):
+        if not await copy_claims(conn, claims, rows.claims()):
             result.duplicates = int((await conn.execute(target.claim_sql(window.sql), *claims.args)).split()[-1])
-            if result.duplicates == len(rows):
+            if result.duplicates == rows.count:
                 return result
     statements = target.write_sql()
     seqs: list[int] | None = None
