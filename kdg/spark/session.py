@@ -114,15 +114,18 @@ class SparkRun:
 
 
 def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | None = None,
-                  echo: Callable[[str], None] = print) -> SparkRun:
-    """Start Spark for one replay: ``with spark_session("local[*]", task_retries=True) as run: run.spark…``"""
+                  echo: Callable[[str], None] = print, app: str = "kdg spark-replay") -> SparkRun:
+    """Start Spark for one job: ``with spark_session("local[*]", task_retries=True) as run: run.spark…``
+
+    The driver's UI listens on 127.0.0.1 only (Spark binds it to ``SPARK_LOCAL_IP``, else every interface),
+    unless ``SPARK_LOCAL_IP`` is set or the master is YARN or Kubernetes (see :func:`_driver_addresses`)."""
     require_java()
     jars = spark_jars(echo=echo)
     log = _jvm_log or _new_log()
     log4j = resource_path("spark-log4j2.properties")  # sends everything to the file named in kdg.spark.log
     settings = {
         "spark.master": master_url(master, task_retries),
-        "spark.app.name": "kdg spark-replay",
+        "spark.app.name": app,
         "spark.jars": ",".join(str(j) for j in jars),
         "spark.task.maxFailures": str(TASK_ATTEMPTS if task_retries else 1),
         "spark.sql.mapKeyDedupPolicy": "LAST_WIN",   # repeated header names: last wins, as in consume
@@ -131,10 +134,14 @@ def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | Non
     }
     if _LOOPBACK.match(master.strip()):  # executors on this machine reach the driver where the master is
         settings |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
+    ui_local, addresses = _driver_addresses(master.strip())
+    settings |= {k: v for k, v in addresses.items() if k not in (conf or {})}
     if fault := os.environ.get("KDG_FAULT"):
         settings["spark.executorEnv.KDG_FAULT"] = fault
     settings.update(conf or {})
     before = _ProcessState()
+    if ui_local:
+        os.environ["SPARK_LOCAL_IP"] = "127.0.0.1"  # read by the JVM at start; restored with the rest on stop()
     try:
         spark = _start(settings, log)
     except BaseException as exc:
@@ -149,6 +156,34 @@ def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | Non
             run.stop()
             raise
     return run
+
+
+def _driver_addresses(master: str) -> tuple[bool, dict[str, str]]:
+    """Whether the driver's UI can be held to 127.0.0.1, and the driver addresses that keeps right.
+
+    Spark binds its UI to ``SPARK_LOCAL_IP`` (else 0.0.0.0), but that variable also sets where the driver
+    listens for its executors. On the local master and a loopback cluster that is 127.0.0.1 anyway. For a
+    remote ``spark://`` master the driver keeps listening on the address this machine reaches the master
+    from (what executors there connect back to). YARN, Kubernetes and a list of standalone masters choose
+    the driver's address their own way: there the UI is left to Spark, and ``SPARK_LOCAL_IP`` is the
+    user's to set.
+    """
+    import socket
+
+    if "SPARK_LOCAL_IP" in os.environ:
+        return False, {}
+    if _LOCAL.match(master) or _LOOPBACK.match(master):
+        return True, {}
+    found = re.match(r"^spark://([^:/,]+)(?::(\d+))?$", master)
+    if not found:  # YARN, Kubernetes, several standalone masters
+        return False, {}
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:  # no packet is sent
+            probe.connect((found.group(1), int(found.group(2) or 7077)))
+            address = probe.getsockname()[0]
+    except OSError:
+        return False, {}
+    return True, {"spark.driver.host": address, "spark.driver.bindAddress": address}
 
 
 def _new_log() -> Path:
