@@ -198,6 +198,9 @@ def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metr
         metrics.not_ready = "waiting for Postgres" if kind == "postgres" else "starting"
         sink = wait_until_up("Postgres", lambda: _make_sink(req, policy, dlq, consumer), req.wait_timeout,
                              req.shutdown, req.notice)
+        if kind == "postgres" and sink.store.stream_running(req.group, req.topic):
+            raise UsageError(f"kdg spark-stream is reading {req.topic} for group {req.group!r}; one group is read "
+                             "by one pipeline at a time: stop the stream first (it exits 0 on SIGTERM)")
         metrics.not_ready = "no partitions assigned"
         if policy.dedup and kind == "postgres":  # claims, kept for the table's window
             from kdg.retention import decide_dedup_window, show

@@ -19,6 +19,7 @@ KILL_POINTS = (
     "pipelined-commit",        # a batch is about to commit while the next one is being written beside it
     "during-rebalance",
     "spark-task-mid-write",
+    "spark-stream-before-positions",  # the driver: a micro-batch's rows written, its positions not stored yet
 )
 
 _hits: dict[str, int] = {}

@@ -321,6 +321,81 @@ def spark_replay(
         console.print(key_value_table(f"spark-replay {topic} → {report.table} ({report.guarantee})", rows))
 
 
+@app.command("spark-stream")
+def spark_stream(
+    topic: Annotated[str, typer.Argument(help="Topic to stream.")],
+    group: Annotated[str, typer.Option("--group", "-G", help="The group whose positions the stream starts from "
+                     "(without a checkpoint) and stores: kdg_offsets under exactly-once, Kafka's committed offsets "
+                     "under at-least-once.")],
+    guarantee: GuaranteeOpt = "exactly-once",
+    table: Annotated[Optional[str], typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (default: "
+                     "kdg_events; created like it, the schema must exist). With --column or --mapping: your table.")] = None,
+    column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
+    on_tombstone: OnTombstone = None, envelope: Envelope = None,
+    master: Annotated[str, typer.Option(help="Spark master: local[*], spark://…, yarn, k8s://…, or stack for "
+                  "the local stack's Spark cluster (kdg stack up --spark-workers N).")] = "local[*]",
+    checkpoint: Annotated[Optional[str], typer.Option(help="Spark's checkpoint directory or URI (default: under "
+                          "the state dir, one per group and topic); on a cluster, a path every node sees.")] = None,
+    trigger: Annotated[str, typer.Option(help="How often a micro-batch starts: an interval (500ms, 2s, 1m), or "
+                       "available-now to write what is there and stop.")] = "1s",
+    max_per_batch: Annotated[Optional[int], typer.Option(help="At most this many records per micro-batch "
+                             "(maxOffsetsPerTrigger).")] = None,
+    id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD "
+                       "or offset.")] = None,
+    chunk_rows: Annotated[int, typer.Option(help="Rows per Postgres transaction in a Spark task.")] = 20_000,
+    spark_conf: Annotated[Optional[list[str]], typer.Option("--conf", help="Spark property key=value "
+                          "(repeatable).")] = None,
+    pg_wait: Annotated[float, typer.Option(help="Seconds a batch that met Postgres down waits for it before the "
+                       "stream gives up (exit 5).")] = 120.0,
+    dedup_retention: DedupRetention = None,
+    shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
+    bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
+    as_json: Json = False,
+) -> None:
+    """Stream a topic into Postgres with Spark Structured Streaming, under the same guarantee as kdg consume.
+
+    One line per micro-batch (with --json, one JSON object per line, then the report). SIGTERM or
+    SIGINT lets the batch in flight finish, stops the query and exits 0; the next run goes on from
+    the checkpoint.
+    """
+    from kdg.lifecycle import Shutdown
+    from kdg.mapping import build_mapping
+    from kdg.settings import parse_properties
+    from kdg.spark.stream import StreamRequest, run_spark_stream
+
+    if not group.strip():
+        raise UsageError("--group must not be empty")
+    _check_min(("--chunk-rows", chunk_rows, 1), ("--max-per-batch", max_per_batch, 1), ("--pg-wait", pg_wait, 0))
+    _check_lifecycle(shutdown_timeout, wait_timeout, None)
+    typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
+                          create_table=create_table, envelope=envelope)
+
+    def on_batch(b) -> None:
+        if as_json:
+            print_json(b, compact=True)
+            return
+        lag = " ".join(f"{p}:{n}" for p, n in b.lag.items()) or "-"
+        again = f", written again after {b.attempts - 1} Postgres outage(s)" if b.attempts > 1 else ""
+        err_console.print(f"batch {b.batch_id}: {b.rows_in} in, {b.rows_written} written, {b.duplicates_dropped} "
+                          f"duplicates dropped, {b.dead_lettered} dead-lettered, {b.rows_per_s:,.0f} rows/s; "
+                          f"lag {lag}{again}", markup=False, highlight=False, soft_wrap=True)
+
+    with Shutdown(shutdown_timeout).on_signals() as shutdown:
+        req = StreamRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
+                            table=table or "kdg_events", mapping=typed, master=master, checkpoint=checkpoint,
+                            trigger=trigger, max_per_batch=max_per_batch, id_from=id_from, chunk_rows=chunk_rows,
+                            spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"),
+                            dedup_retention=dedup_retention, pg_wait=pg_wait, shutdown=shutdown,
+                            wait_timeout=wait_timeout, on_batch=on_batch,
+                            echo=lambda text: err_console.print(text, soft_wrap=True, markup=False))
+        report = _run_with_bar(None, run_spark_stream, req)
+    if as_json:
+        print_json(report, compact=True)  # the last line of the stream: the report
+    else:
+        console.print(key_value_table(f"spark-stream {topic} → {report.table} ({report.guarantee})",
+                                      report.to_dict()))
+
+
 def _moment(text: str | None, option: str):
     """``--since``/``--until``: ISO 8601 (UTC unless it says) or Unix milliseconds, as an aware datetime."""
     from datetime import datetime, timezone

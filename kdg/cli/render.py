@@ -22,8 +22,9 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def print_json(obj: Any) -> None:
-    sys.stdout.write(json.dumps(to_jsonable(obj), indent=2, default=str) + "\n")
+def print_json(obj: Any, *, compact: bool = False) -> None:
+    """``obj`` as JSON on stdout: indented, or one line (``compact``, for a stream of objects)."""
+    sys.stdout.write(json.dumps(to_jsonable(obj), indent=None if compact else 2, default=str) + "\n")
     sys.stdout.flush()
 
 

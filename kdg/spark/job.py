@@ -70,10 +70,14 @@ def run_write(spark, rows, spec: WriteSpec, progress: Callable[[int, int, int], 
         if poller:
             poller.stop()
     totals = {name: 0 for name in ("rows_read", "rows_written", "duplicates_dropped", "chunks", "dead_lettered")}
+    high: dict[int, int] = {}
     for row in summaries:
         for name in totals:
             totals[name] += row[name]
+        for p, o in json.loads(row["offsets"]).items():
+            high[int(p)] = max(o, high.get(int(p), -1))
     totals["tasks"] = len(summaries)
+    totals["next_offsets"] = {p: o + 1 for p, o in sorted(high.items())}  # where each partition read up to
     return totals
 
 

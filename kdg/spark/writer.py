@@ -15,7 +15,8 @@ from kdg.errors import KeylessRecord
 from kdg.records import Record
 from kdg.store.rows import SINK_COLUMNS
 
-SUMMARY_SCHEMA = "rows_read long, rows_written long, duplicates_dropped long, chunks long, dead_lettered long"
+SUMMARY_SCHEMA = ("rows_read long, rows_written long, duplicates_dropped long, chunks long, dead_lettered long, "
+                  "offsets string")  # offsets: {partition: the highest offset this task read}, as JSON
 COLUMNS = SINK_COLUMNS
 RECORD_COLUMNS = (*SINK_COLUMNS, "timestamp")  # a typed sink rebuilds each record: the sink row and its timestamp
 
@@ -62,8 +63,10 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
     ctx = TaskContext.get()
     # fires once: in the first Spark partition, on its first attempt, after one chunk committed
     fault_armed = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
+    high: dict[int, int] = {}
+    batches = _noting_offsets(batches, high)
     if spec.typed is not None:
-        yield pa.RecordBatch.from_pylist([_write_typed(batches, spec, fault_armed)])
+        yield pa.RecordBatch.from_pylist([{**_write_typed(batches, spec, fault_armed), "offsets": json.dumps(high)}])
         return
     read = written = dropped = chunks = 0
     seen: set[str] = set()
@@ -105,7 +108,20 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
             flush()
     yield pa.RecordBatch.from_pylist(
         [{"rows_read": read, "rows_written": written, "duplicates_dropped": dropped, "chunks": chunks,
-          "dead_lettered": 0}])
+          "dead_lettered": 0, "offsets": json.dumps(high)}])
+
+
+def _noting_offsets(batches: Iterator, high: dict[int, int]) -> Iterator:
+    """The Arrow batches as they come, noting each partition's highest offset in ``high`` (vectorised: a
+    continuous stream stores where each partition got to)."""
+    import pyarrow as pa
+
+    for batch in batches:
+        if batch.num_rows:
+            per = pa.Table.from_batches([batch]).group_by("partition").aggregate([("offset", "max")])
+            for p, o in zip(per.column("partition").to_pylist(), per.column("offset_max").to_pylist()):
+                high[p] = max(o, high.get(p, -1))
+        yield batch
 
 
 def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:

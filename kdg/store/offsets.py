@@ -6,6 +6,8 @@ sink or a replay opened, so the offsets move with the rows they account for.
 
 from kdg.errors import Fenced, RetryBatch
 
+_STREAM_LOCK = 0x6B6467  # pg_advisory_lock(this, hashtext(group/topic)): held by a Spark stream while it runs
+
 
 class OffsetsMixin:
     """The consumer offsets: owns each partition's fence and stored next offset in ``kdg_offsets``.
@@ -60,6 +62,37 @@ class OffsetsMixin:
         if any(held[p]["next_offset"] != expected.get(p, held[p]["next_offset"]) for p in parts):
             raise RetryBatch(f"the batch written before this one on partitions {parts} of {topic} did not "
                              "commit; this one was rolled back to be read again")
+
+    def move_forward(self, group: str, topic: str, next_offsets: dict[int, int], fences: dict[int, int]) -> None:
+        """Store positions on their own, while ``fences`` still hold (a Spark stream's, after a micro-batch);
+        a position never moves back (a batch read again from an older checkpoint stores nothing lower)."""
+        parts = sorted(next_offsets)
+
+        async def move():
+            status = await self.conn.execute(
+                """UPDATE kdg_offsets o SET next_offset = GREATEST(o.next_offset, v.next), updated_at = now()
+                   FROM unnest($3::int[], $4::bigint[], $5::bigint[]) AS v(p, next, fence)
+                   WHERE o.consumer_group = $1 AND o.topic = $2 AND o."partition" = v.p AND o.fence = v.fence""",
+                group, topic, parts, [next_offsets[p] for p in parts], [fences.get(p, -1) for p in parts])
+            if int(status.split()[-1]) != len(parts):
+                raise Fenced(f"group {group!r}'s partitions {parts} of {topic} were taken over by another "
+                             "consumer (kdg consume?) while this stream ran")
+
+        if parts:
+            self._run(move())
+
+    def hold_stream(self, group: str, topic: str) -> bool:
+        """Take the lock that says a Spark stream reads ``topic`` for ``group`` (held by this connection until it
+        closes, or dies with its process); False if another holds it."""
+        return self._run(self.conn.fetchval("SELECT pg_try_advisory_lock($1, hashtext($2))", _STREAM_LOCK,
+                                            f"{group}/{topic}"))
+
+    def stream_running(self, group: str, topic: str) -> bool:
+        """Whether a Spark stream holds ``group``'s lock on ``topic`` now (asked, and let go at once)."""
+        if not self.hold_stream(group, topic):
+            return True
+        self._run(self.conn.fetchval("SELECT pg_advisory_unlock($1, hashtext($2))", _STREAM_LOCK, f"{group}/{topic}"))
+        return False
 
     async def _advance_offsets(self, group: str, topic: str, ranges: dict[int, tuple[int, int]]) -> None:
         """Stored offsets only move forward; a consumer's fence is left alone."""

@@ -1,0 +1,422 @@
+"""`kdg spark-stream`: a topic into Postgres as records arrive, as a Spark Structured Streaming query.
+
+Each micro-batch is written by the executors' writer `kdg spark-replay` uses (:mod:`kdg.spark.writer`):
+one Postgres transaction per chunk of a task, with each key claimed in ``kdg_dedup`` under
+exactly-once. Then the driver stores where every partition got to:
+
+- **exactly-once**: in ``kdg_offsets``, under fences this stream took when it started, so ``kdg audit -G``
+  tells pending from lost as it does for `kdg consume`. A batch Spark runs again (a task retried, a
+  driver restarted from its checkpoint, a checkpoint lost and the stream started from the stored
+  positions) finds its keys claimed and adds nothing.
+- **at-least-once**: as the group's committed offsets in Kafka. A batch run again writes its rows again.
+- **at-most-once** is refused: Spark runs a failed batch again from its offset log, so it cannot promise
+  fewer than one delivery.
+
+Without a checkpoint the stream starts at the group's positions (``kdg_offsets``, or the committed Kafka
+offsets for at-least-once), so one group can move from `kdg consume` to `kdg spark-stream` and back.
+Only one of them reads a group at a time: a stream holds a Postgres advisory lock for its group while it
+runs (`kdg consume` refuses to start under it), refuses a group with members, and under exactly-once a
+`kdg consume` that takes the partitions anyway fences the stream out at its next batch.
+"""
+
+import json
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from kdg import faults
+from kdg.errors import ConnectionFailed, DeliveryError, Fenced, UsageError
+from kdg.guarantees import CommitMode, policy_for
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
+from kdg.retention import check_dedup_retention
+from kdg.settings import Connection, table_name
+
+if TYPE_CHECKING:
+    from kdg.mapping import Mapping
+
+_INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|milliseconds?|seconds?|minutes?)$")
+_UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes"}
+
+
+@dataclass
+class StreamRequest:
+    topic: str
+    group: str
+    guarantee: str
+    conn: Connection
+    table: str = "kdg_events"
+    mapping: "Mapping | None" = None
+    master: str = "local[*]"
+    checkpoint: str | None = None     # a directory or a Hadoop URI; default: <state dir>/spark-stream/<group>-<topic>-<hash>
+    trigger: str = "1s"               # an interval, available-now, or real-time[:INTERVAL]
+    max_per_batch: int | None = None  # maxOffsetsPerTrigger
+    id_from: str | None = None
+    chunk_rows: int = 20_000
+    spark_conf: dict[str, str] = field(default_factory=dict)
+    dedup_retention: str | None = None
+    pg_wait: float = 120.0            # a batch that met Postgres down waits this long for it, then runs again
+    shutdown: Shutdown = field(default_factory=Shutdown)
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S
+    on_batch: Callable[["BatchReport"], None] | None = None
+    echo: Callable[[str], None] = print
+
+
+@dataclass
+class BatchReport:
+    batch_id: int
+    rows_in: int
+    rows_written: int
+    duplicates_dropped: int
+    dead_lettered: int
+    duration_s: float
+    rows_per_s: float
+    next_offsets: dict          # partition → the offset the group reads next
+    lag: dict                   # partition → records behind the end of the partition, after this batch
+    attempts: int = 1           # > 1: Postgres went away and the batch was written again once it was back
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class StreamReport:
+    guarantee: str
+    topic: str
+    group: str
+    table: str
+    checkpoint: str
+    started_from: str = ""      # checkpoint | kdg_offsets | kafka group | earliest
+    batches: int = 0
+    rows_in: int = 0
+    rows_written: int = 0
+    duplicates_dropped: int = 0
+    dead_lettered: int = 0
+    spark_start_s: float = 0.0
+    duration_s: float = 0.0
+    stopped_by: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_trigger(text: str) -> dict:
+    """``--trigger`` as ``DataStreamWriter.trigger`` keywords.
+
+    >>> parse_trigger("500ms"), parse_trigger("available-now")
+    ({'processingTime': '500 milliseconds'}, {'availableNow': True})
+    """
+    text = text.strip().lower()
+    if text == "available-now":
+        return {"availableNow": True}
+    if text.startswith("real-time"):
+        raise UsageError("--trigger real-time: Spark 4.2 refuses foreachBatch in real-time mode "
+                         "(STREAMING_REAL_TIME_MODE.OPERATOR_OR_SINK_NOT_IN_ALLOWLIST: its sink allowlist has Kafka and "
+                         "foreach), and foreachBatch is how kdg writes a batch before it stores the batch's positions; "
+                         "use an interval such as 500ms")
+    found = _INTERVAL.match(text)
+    if not found:
+        raise UsageError(f"--trigger {text!r}: use an interval (500ms, 2s, 1m) or available-now")
+    unit = _UNITS.get(found.group(2), found.group(2).rstrip("s") + "s")
+    return {"processingTime": f"{found.group(1)} {unit}"}
+
+
+def default_checkpoint(group: str, topic: str) -> Path:
+    from kdg.paths import default_state_dir
+
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", f"{group}-{topic}")[:100]
+    return default_state_dir() / "spark-stream" / f"{safe}-{uuid.uuid5(uuid.NAMESPACE_URL, group + '/' + topic).hex[:8]}"
+
+
+def _has_offsets(checkpoint: str) -> bool | None:
+    """Whether a checkpoint already holds a planned batch (then Spark, not the group, says where to start);
+    None for a URI this process cannot look into (``hdfs://…``)."""
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return None
+    offsets = Path(checkpoint.removeprefix("file://")) / "offsets"
+    return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
+
+
+def _local_checkpoint(text: str | None, group: str, topic: str) -> str:
+    if text is None:
+        return str(default_checkpoint(group, topic))
+    if "://" in text:
+        return text
+    return str(Path(text).expanduser().resolve())
+
+
+def run_spark_stream(req: StreamRequest) -> StreamReport:
+    from kdg.kafka.clients import spark_source_options
+    from kdg.replay import _id_from
+    from kdg.spark.session import check_conf, resolve_master
+    from kdg.spark.writer import DeadLetterSpec, WriteSpec
+    from kdg.store.pg import Store
+
+    policy = policy_for(req.guarantee)
+    if policy.commit_mode is CommitMode.BEFORE_PROCESSING:
+        raise UsageError("spark-stream cannot run at-most-once: Spark runs a failed micro-batch again from its "
+                         "offset log, so it can promise no fewer than one delivery. Use -g at-least-once, or "
+                         "exactly-once, or `kdg consume -g at-most-once`.")
+    table_name(req.mapping.table if req.mapping is not None else req.table)
+    check_dedup_retention(req.dedup_retention, policy, "postgres")
+    trigger = parse_trigger(req.trigger)
+    id_kind, id_arg = _id_from(req.id_from)
+    if req.chunk_rows < 1:
+        raise UsageError("--chunk-rows must be at least 1")
+    if req.max_per_batch is not None and req.max_per_batch < 1:
+        raise UsageError("--max-per-batch must be at least 1")
+    check_conf(req.spark_conf)
+    master = resolve_master(req.master)
+    source_options = spark_source_options(req.conn.bootstrap_servers, req.conn.extra, policy)
+    checkpoint = _local_checkpoint(req.checkpoint, req.group, req.topic)
+    try:
+        partitions = wait_until_up("Kafka", lambda: _partitions(req), req.wait_timeout, req.shutdown, req.echo)
+        store = wait_until_up("Postgres", lambda: Store(req.conn.pg_dsn), req.wait_timeout, req.shutdown, req.echo)
+    except StopRequested:
+        return StreamReport(policy.guarantee.value, req.topic, req.group, req.table, checkpoint,
+                            stopped_by=req.shutdown.signal or "stop requested")
+    with store:
+        if not store.hold_stream(req.group, req.topic):
+            raise UsageError(f"another kdg spark-stream is reading {req.topic} for group {req.group!r}; one "
+                             "group is read by one pipeline at a time")
+        _refuse_members(req)
+        typed = None
+        if req.mapping is not None:
+            typed, _ = store.prepare_typed(req.mapping)
+            identity = typed.mapping.table
+        else:
+            identity = store.ensure_sink_table(req.table)
+        report = StreamReport(policy.guarantee.value, req.topic, req.group, identity.text, checkpoint)
+        fences = {}
+        if policy.dedup:
+            from kdg.retention import decide_dedup_window
+
+            decide_dedup_window(store, req.conn, req.topic, identity, req.dedup_retention, req.echo)
+            fences = {p: fence for p, (fence, _) in store.acquire_partitions(req.group, req.topic, partitions).items()}
+        starting, positions, report.started_from = _starting_offsets(req, policy, store, checkpoint, partitions)
+        spec = WriteSpec(req.conn.pg_dsn, identity.text, req.group, policy.dedup, req.chunk_rows, typed=typed,
+                         id_from=req.id_from if id_kind == "json" else None,
+                         dead_letters=DeadLetterSpec(policy.guarantee.value, req.conn.bootstrap_servers, req.topic,
+                                                     req.conn.extra))
+        batches = _Batches(req, policy, store, spec, fences, report, positions)
+        _run_query(req, master, policy, source_options, starting, checkpoint, trigger, id_kind, id_arg, batches,
+                   report)
+    return report
+
+
+def _partitions(req: StreamRequest) -> list[int]:
+    from kdg.kafka.admin import topic_partitions
+
+    return topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra)
+
+
+def _refuse_members(req: StreamRequest) -> None:
+    """A group whose members read now (kdg consume, or any Kafka consumer) is theirs: refused, by name."""
+    from confluent_kafka import KafkaError, KafkaException
+
+    from kdg.kafka.clients import admin_client
+
+    admin = admin_client(req.conn.bootstrap_servers, req.conn.extra)
+    try:
+        described = admin.describe_consumer_groups([req.group], request_timeout=15)[req.group].result()
+    except KafkaException as exc:
+        if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:  # no such group yet
+            return
+        raise ConnectionFailed(f"cannot describe group {req.group!r}: {exc.args[0].str()}") from exc
+    if described.members:
+        hosts = ", ".join(sorted({m.client_id + "@" + m.host for m in described.members}))
+        raise UsageError(f"group {req.group!r} has {len(described.members)} active member(s) ({hosts}); stop them "
+                         "first: one group is read by one pipeline at a time")
+
+
+def _starting_offsets(req: StreamRequest, policy, store, checkpoint: str,
+                      partitions: list[int]) -> tuple[str, dict[int, int], str]:
+    """Spark's ``startingOffsets`` (which Spark ignores once the checkpoint has batches), the group's positions,
+    and where the stream starts from."""
+    if policy.dedup:
+        stored, source = store.stored_offsets(req.group, req.topic), "kdg_offsets"
+    else:
+        from kdg.audit_groups import _kafka_committed
+
+        stored = {p: o for p, o in _kafka_committed(req.conn, req.topic, req.group).items() if o is not None}
+        source = "kafka group"
+    resumed = _has_offsets(checkpoint)
+    if not stored:
+        source = "earliest"
+    if resumed:
+        source = "checkpoint"
+    elif resumed is None:
+        source = f"the checkpoint, if it has batches; else {source}"
+    if not stored:
+        return "earliest", stored, source
+    at = {str(p): stored.get(p, -2) for p in partitions}  # -2: a partition never read starts at its beginning
+    return json.dumps({req.topic: at}), stored, source
+
+
+class _Batches:
+    """``foreachBatch``: write a micro-batch with the executors' writer, then store the group's positions."""
+
+    def __init__(self, req: StreamRequest, policy, store, spec, fences: dict[int, int], report: StreamReport,
+                 positions: dict[int, int]):
+        self.req, self.policy, self.store, self.spec, self.fences, self.report = req, policy, store, spec, fences, report
+        self.positions = dict(positions)  # partition → next offset, as far as this stream knows
+        self._locked_on = store.conn      # the connection holding the group's lock (kdg.store.offsets.hold_stream)
+        self.failed: BaseException | None = None  # what ended the query from inside a batch
+        self.active = False
+
+    def __call__(self, frame, batch_id: int) -> None:
+        from kdg.spark.job import run_write
+
+        self.active = True
+        started, attempts = time.monotonic(), 0
+        try:
+            while True:
+                attempts += 1
+                try:
+                    totals = run_write(frame.sparkSession, frame, self.spec)
+                    break
+                except Exception as exc:
+                    if not self._postgres_gone(exc) or attempts > 5:
+                        raise
+                    self.req.echo(f"batch {batch_id}: Postgres went away mid-write; waiting for it, then writing "
+                                  "the batch again")
+                    self._wait_for_postgres()
+            faults.reach("spark-stream-before-positions")  # a driver dying here leaves Spark's batch uncommitted
+            nexts = totals["next_offsets"]
+            self._store_positions(nexts)
+            self.positions.update(nexts)
+            self._account(batch_id, totals, nexts, time.monotonic() - started, attempts)
+        except BaseException as exc:
+            self.failed = exc
+            raise
+        finally:
+            self.active = False
+
+    def _postgres_gone(self, exc: BaseException) -> bool:
+        text = str(exc)
+        if "ConnectionFailed" not in text and "Python worker exited" not in text:
+            return False
+        return not self.store.alive()
+
+    def _wait_for_postgres(self) -> None:
+        self.store.reconnect(self.req.pg_wait, self.req.echo, self.req.shutdown.sleep)
+        self._hold_again()
+
+    def _store_positions(self, nexts: dict[int, int]) -> None:
+        if nexts and self.policy.dedup:
+            self.store.across_restart(lambda: self.store.move_forward(self.req.group, self.req.topic, nexts,
+                                                                       self.fences), self.req.pg_wait)
+        elif nexts:
+            _commit_to_group(self.req, nexts)
+        self._hold_again()
+
+    def _hold_again(self) -> None:
+        """The group's lock went with a connection Postgres dropped: take it again on the new one, or stop."""
+        if self.store.conn is self._locked_on:
+            return
+        if not self.store.hold_stream(self.req.group, self.req.topic):
+            raise Fenced(f"while Postgres was away another pipeline took group {self.req.group!r} on {self.req.topic}; "
+                         "this stream stops")
+        self._locked_on = self.store.conn
+
+    def _account(self, batch_id: int, totals: dict, nexts: dict[int, int], seconds: float, attempts: int) -> None:
+        r = self.report
+        r.batches += 1
+        r.rows_in += totals["rows_read"]
+        r.rows_written += totals["rows_written"]
+        r.duplicates_dropped += totals["duplicates_dropped"]
+        r.dead_lettered += totals["dead_lettered"]
+        if self.req.on_batch is None:
+            return
+        from kdg.kafka.admin import high_watermarks
+
+        try:
+            ends = high_watermarks(self.req.conn.bootstrap_servers, self.req.topic, self.req.conn.extra)
+            lag = {p: max(end - self.positions[p], 0) for p, end in sorted(ends.items()) if p in self.positions}
+        except ConnectionFailed:
+            lag = {}
+        self.req.on_batch(BatchReport(batch_id, totals["rows_read"], totals["rows_written"],
+                                      totals["duplicates_dropped"], totals["dead_lettered"], round(seconds, 3),
+                                      round(totals["rows_read"] / seconds, 1) if seconds else 0.0, nexts, lag,
+                                      attempts))
+
+
+def _commit_to_group(req: StreamRequest, nexts: dict[int, int]) -> None:
+    """At-least-once: the positions as the group's committed offsets in Kafka (refused while it has members)."""
+    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
+
+    from kdg.kafka.clients import admin_client
+
+    admin = admin_client(req.conn.bootstrap_servers, req.conn.extra)
+    asked = ConsumerGroupTopicPartitions(req.group, [TopicPartition(req.topic, p, o) for p, o in nexts.items()])
+    try:
+        admin.alter_consumer_group_offsets([asked], request_timeout=15)[req.group].result()
+    except KafkaException as exc:
+        err = exc.args[0]
+        if any(word in err.name() for word in ("NOT_EMPTY", "UNKNOWN_MEMBER", "ILLEGAL_GENERATION", "FENCED")):
+            raise Fenced(f"group {req.group!r} has members now (kdg consume?); this stream stops: one group is read "
+                         "by one pipeline at a time") from exc
+        raise ConnectionFailed(f"cannot commit group {req.group!r}'s offsets: {err.str()}") from exc
+
+
+def _run_query(req, master, policy, source_options, starting, checkpoint, trigger, id_kind, id_arg, batches,
+               report) -> None:
+    from kdg.spark.job import key_expression, sink_rows
+    from kdg.spark.session import spark_session
+
+    started = time.monotonic()
+    with spark_session(master, task_retries=policy.spark_task_retries, conf=req.spark_conf, echo=req.echo,
+                       app="kdg spark-stream") as run:
+        run.spark.conf.set("spark.sql.streaming.stopTimeout", str(int(req.shutdown.timeout * 1000)))
+        reader = (run.spark.readStream.format("kafka").options(**source_options)
+                  .option("subscribe", req.topic)
+                  .option("startingOffsets", starting)
+                  .option("includeHeaders", "true")
+                  .option("failOnDataLoss", "true"))
+        if req.max_per_batch:
+            reader = reader.option("maxOffsetsPerTrigger", str(req.max_per_batch))
+        rows = sink_rows(reader.load(), key_expression(id_kind, id_arg, required=policy.dedup),
+                         with_timestamp=req.mapping is not None)
+        query = (rows.writeStream.foreachBatch(batches).option("checkpointLocation", checkpoint)
+                 .trigger(**trigger).queryName(f"kdg-{req.group}-{req.topic}"[:100]).start())
+        report.spark_start_s = round(time.monotonic() - started, 3)
+        req.shutdown.reclaim()  # PySpark took SIGINT for itself; a stop is kdg's to read between batches
+        streaming = time.monotonic()
+        try:
+            _await(query, req.shutdown, batches, report)
+        finally:
+            if query.isActive:
+                query.stop()
+            report.duration_s = round(time.monotonic() - streaming, 3)
+        stopped_waiting = req.shutdown.requested and isinstance(batches.failed, ConnectionFailed)
+        if batches.failed is not None and not stopped_waiting:  # (a stop while Postgres was away: exit 0)
+            raise _explain(batches.failed, policy)
+        exc = query.exception()
+        if exc is not None and not req.shutdown.requested:
+            raise DeliveryError(f"the stream failed: {str(exc).splitlines()[0][:300]} (Spark's log: {run.log})")
+
+
+def _await(query, shutdown: Shutdown, batches: _Batches, report: StreamReport) -> None:
+    """Until the query ends (available-now drained, or it failed) or a stop is asked; a stop lets the batch in
+    flight finish first, within the shutdown timeout."""
+    while query.isActive:
+        if shutdown.requested:
+            deadline = time.monotonic() + shutdown.timeout
+            while batches.active and time.monotonic() < deadline:
+                time.sleep(0.1)
+            report.stopped_by = shutdown.signal or "stop requested"
+            return
+        try:
+            query.awaitTermination(0.5)
+        except Exception:  # the query failed (raised here as StreamingQueryException): read below
+            break
+    report.stopped_by = report.stopped_by or ("end of available data" if batches.failed is None else "failed")
+
+
+def _explain(exc: BaseException, policy):
+    from kdg.replay import _explain as explain_job
+
+    return explain_job(exc, policy)
+
