@@ -67,3 +67,22 @@ def test_scenario_ends_as_the_story_predicts(stack, name):
     result = run_scenario(stack, name, echo=None)
     assert result["as_expected"], result
     assert cluster.status(stack, with_quorum=False).healthy
+
+
+@pytest.mark.long
+def test_spark_stream_cells_keep_exactly_once_and_at_least_once_repeats(stack):
+    cells = _cells(stack, ("at-least-once", "spark-driver-kill"), ("exactly-once", "spark-driver-kill"),
+                   ("exactly-once", "spark-executor-kill"))
+    assert cells[("at-least-once", "spark-driver-kill")].duplicates > 0  # the batch Spark ran again, written twice
+    for fault in ("spark-driver-kill", "spark-executor-kill"):
+        eo = cells[("exactly-once", fault)]
+        assert (eo.lost, eo.duplicates, eo.processed_unique) == (0, 0, MESSAGES), (fault, eo)
+
+
+@pytest.mark.long
+@pytest.mark.disrupts_stack
+def test_spark_stream_broker_and_postgres_faults_keep_exactly_once(stack):
+    cells = _cells(stack, ("exactly-once", "spark-broker-kill"), ("exactly-once", "spark-postgres-restart"))
+    for key, cell in cells.items():
+        assert (cell.lost, cell.duplicates, cell.unexpected) == (0, 0, 0), (key, cell)
+    assert cluster.status(stack, with_quorum=False).healthy

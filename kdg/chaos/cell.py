@@ -1,6 +1,7 @@
 """One chaos cell: a fresh topic and group, kdg processes to start and kill, a timeline, an audit."""
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -48,6 +49,7 @@ class Cell:
         self.conn = Connection(layout.bootstrap_servers, layout.pg_dsn, layout.admin_properties())
         self.started = time.monotonic()
         self.batch = max(50, messages // 20)
+        self.checkpoint = layout.state_dir / "chaos-checkpoints" / tag  # the spark engine's stream; gone after the cell
         self._sampling = False
         self._procs: list[subprocess.Popen] = []
 
@@ -84,10 +86,16 @@ class Cell:
     def consume(self, *extra, env: dict | None = None) -> subprocess.Popen:
         return self.spawn(*self.consume_args(*extra), env=env)
 
+    def stream(self, *extra, env: dict | None = None) -> subprocess.Popen:
+        """`kdg spark-stream` on the cell's topic and group (the spark engine's faults), from the cell's checkpoint."""
+        return self.spawn("spark-stream", self.topic, "-G", self.group, "-g", self.guarantee, "--checkpoint",
+                          self.checkpoint, "--max-per-batch", self.batch, *extra, env=env)
+
     def drain(self) -> dict:
-        """Consume whatever is left, restarting after a dead sink (e.g. Postgres coming back)."""
+        """Consume whatever is left, restarting after a dead sink (e.g. Postgres coming back); a spark fault's
+        cell drains with the stream, from its checkpoint."""
         for _ in range(5):
-            proc = self.consume("-e")
+            proc = self.stream("--trigger", "available-now") if self.fault.startswith("spark-") else self.consume("-e")
             code, report, err = finish(proc)
             if code == 0:
                 return report
@@ -100,6 +108,7 @@ class Cell:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+        shutil.rmtree(self.checkpoint, ignore_errors=True)
 
     # -- progress ----------------------------------------------------------------------------
     def start_sampling(self, interval: float = 0.5) -> None:
@@ -146,5 +155,8 @@ def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, dict, str
     try:
         report = json.loads(out) if out.strip() else {}
     except ValueError:
-        report = {}
+        try:  # a stream of JSON lines (spark-stream): the report is the last
+            report = json.loads(out.strip().splitlines()[-1])
+        except ValueError:
+            report = {}
     return proc.returncode, report, err

@@ -175,3 +175,96 @@ INJECTORS = {
     "postgres-restart": postgres_restart,
     "min-isr": min_isr,
 }
+
+
+# -- the spark engine: the same cells with `kdg spark-stream` as the pipeline ---------------------------
+def _stream_until(cell: Cell, stream, rows: int, timeout: float = 120) -> None:
+    """Let a running stream write ``rows`` rows of the cell's topic (or time out), then stop it with SIGTERM."""
+    from kdg.store.pg import Store
+
+    deadline = time.monotonic() + timeout
+    try:
+        with Store(cell.layout.pg_dsn) as store:
+            while time.monotonic() < deadline and stream.poll() is None:
+                if store.across_restart(lambda: store.fetchval(
+                        "SELECT count(*) FROM kdg_events WHERE topic = $1", cell.topic)) >= rows:
+                    break
+                time.sleep(0.5)
+    finally:
+        stream.send_signal(signal.SIGTERM)
+        code, _, err = finish(stream)
+        cell.event(f"stream stopped ({code}){': ' + err.strip().splitlines()[-1][:160] if code else ''}")
+
+
+def spark_driver_kill(cell: Cell) -> None:
+    """SIGKILL the stream's driver after its second micro-batch is written, before its positions are stored and
+    Spark commits the batch; the drain restarts it from its checkpoint, which runs that batch again."""
+    _record_produce(cell, cell.produce())
+    code, _, _ = finish(cell.stream("--trigger", "available-now",
+                                    env={"KDG_FAULT": "spark-stream-before-positions@2"}))
+    if code == -signal.SIGKILL:
+        cell.result.fault_fired = True
+        cell.event("SIGKILL stream driver after writing micro-batch 2")
+    else:
+        cell.event(f"stream ended ({code}) before its second micro-batch")
+
+
+def spark_executor_kill(cell: Cell) -> None:
+    """SIGKILL the Python worker writing the first Spark partition after its first chunk committed; Spark retries
+    the task (the guarantee allows it for both stream guarantees)."""
+    _record_produce(cell, cell.produce())
+    code, _, err = finish(cell.stream("--trigger", "available-now", "--chunk-rows", max(10, cell.batch // 4),
+                                      env={"KDG_FAULT": "spark-task-mid-write"}))
+    if "spark: task" in err and "failed" in err:
+        cell.result.fault_fired = True
+        cell.event("SIGKILL a Python worker mid-write; Spark retried its task")
+    cell.event(f"stream ended ({code})")
+
+
+def spark_broker_kill(cell: Cell) -> None:
+    """SIGKILL the partition leader while records are produced and streamed; restart it after 5 s."""
+    from kdg.kafka.admin import ensure_topic
+
+    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3, extra=cell.conn.extra)
+    producer = cell.produce("--rate", max(200, cell.messages // 8), wait=False)
+    stream = cell.stream("--trigger", "500ms")
+    time.sleep(8)  # the stream is up (Spark starts in a few seconds) and reading
+    leader = _leader_of_partition_0(cell)
+    if cluster.kill_node(cell.layout, leader, hard=True):
+        cell.result.fault_fired = True
+        cell.event(f"SIGKILL broker {leader} (leader of partition 0)")
+    time.sleep(5)
+    cluster.start_node(cell.layout, leader)
+    cell.event(f"broker {leader} restarted")
+    _record_produce(cell, finish(producer))
+    _stream_until(cell, stream, cell.messages)
+
+
+def spark_postgres_restart(cell: Cell) -> None:
+    """Kill and restart the embedded Postgres while the stream writes micro-batches; a batch that met it down
+    waits for it and is written again."""
+    _record_produce(cell, cell.produce())
+    if not cell.layout.uses_embedded_pg:
+        cell.event("spark-postgres-restart needs the embedded server; skipped")
+        return
+    stream = cell.stream("--trigger", "500ms", "--max-per-batch", max(20, cell.batch // 4))
+    from kdg.store.pg import Store
+
+    deadline = time.monotonic() + 120
+    with Store(cell.layout.pg_dsn) as store:
+        while time.monotonic() < deadline and stream.poll() is None and store.fetchval(
+                "SELECT count(*) FROM kdg_events WHERE topic = $1", cell.topic) < cell.messages // 5:
+            time.sleep(0.3)
+    if stream.poll() is None:
+        postgres.restart(cell.layout, hard=True)
+        cell.result.fault_fired = True
+        cell.event("Postgres SIGKILLed and restarted while the stream wrote")
+    _stream_until(cell, stream, cell.messages)
+
+
+SPARK_INJECTORS = {
+    "spark-driver-kill": spark_driver_kill,
+    "spark-executor-kill": spark_executor_kill,
+    "spark-broker-kill": spark_broker_kill,
+    "spark-postgres-restart": spark_postgres_restart,
+}

@@ -7,9 +7,9 @@ from typing import Callable
 
 from kdg.audit import run_audit
 from kdg.chaos.cell import Cell, CellResult
-from kdg.chaos.injectors import INJECTORS
+from kdg.chaos.injectors import INJECTORS, SPARK_INJECTORS
 from kdg.errors import UsageError
-from kdg.guarantees import Guarantee, policy_for
+from kdg.guarantees import CommitMode, Guarantee, policy_for
 from kdg.machine import machine
 from kdg.stack.layout import StackLayout
 
@@ -40,9 +40,10 @@ def run_cell(layout: StackLayout, guarantee: str, fault: str, repetition: int, m
     cell = Cell(layout, guarantee, fault, repetition, messages, sink)
     cell.start_sampling()
     try:
-        INJECTORS[fault](cell)
+        {**INJECTORS, **SPARK_INJECTORS}[fault](cell)
         report = cell.drain()
-        cell.result.consume_msgs_per_s = report.get("msgs_per_s", 0.0)
+        cell.result.consume_msgs_per_s = report.get("msgs_per_s") or (  # a stream's: rows over its streaming time
+            round(report["rows_in"] / report["duration_s"], 1) if report.get("duration_s") else 0.0)
     finally:
         cell.stop_sampling()
         cell.stop_all()
@@ -54,11 +55,17 @@ def run_cell(layout: StackLayout, guarantee: str, fault: str, repetition: int, m
     return cell.result
 
 
-def parse_faults(spec: str) -> list[str]:
-    faults = list(INJECTORS) if spec == "all" else [f.strip() for f in spec.split(",") if f.strip()]
-    unknown = [f for f in faults if f not in INJECTORS]
+ENGINES = {"consume": list(INJECTORS), "spark": list(SPARK_INJECTORS), "both": [*INJECTORS, *SPARK_INJECTORS]}
+
+
+def parse_faults(spec: str, engine: str = "consume") -> list[str]:
+    """``--faults``: ``all`` is every fault of the ``--engine`` (kdg consume's, spark-stream's, or both)."""
+    if engine not in ENGINES:
+        raise UsageError(f"--engine {engine!r}: use consume, spark or both")
+    faults = ENGINES[engine] if spec == "all" else [f.strip() for f in spec.split(",") if f.strip()]
+    unknown = [f for f in faults if f not in ENGINES["both"]]
     if unknown:
-        raise UsageError(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(INJECTORS)}")
+        raise UsageError(f"unknown fault(s) {', '.join(unknown)}; choose from {', '.join(ENGINES['both'])}")
     return faults
 
 
@@ -85,9 +92,13 @@ def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], 
     results = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
                "messages": messages, "repeat": repeat, "sink": sink, "complete": False, "cells": []}
     started = time.monotonic()
+    if sink != "postgres" and any(f in SPARK_INJECTORS for f in faults):
+        raise UsageError("the spark-* faults stream into Postgres: use --sink postgres")
     for rep in range(1, repeat + 1):
         for fault in faults:
             for guarantee in guarantees:
+                if fault in SPARK_INJECTORS and policy_for(guarantee).commit_mode is CommitMode.BEFORE_PROCESSING:
+                    continue  # spark-stream refuses at-most-once: there is no such pipeline to break
                 result = run_cell(layout, guarantee, fault, rep, messages, sink)
                 results["cells"].append(asdict(result))
                 results["duration_s"] = round(time.monotonic() - started, 1)

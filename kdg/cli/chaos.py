@@ -26,10 +26,15 @@ def _layout(state_dir):
 def run(
     guarantee: Annotated[str, typer.Option("--guarantee", "-g", help="all, or one or more guarantees, comma-separated.")] = "all",
     faults: Annotated[str, typer.Option(help="all, or a comma-separated list of: consumer-kill, consumer-pause, "
-                                             "broker-kill, broker-bounce, ack-loss, postgres-restart, min-isr.")] = "all",
+                                             "broker-kill, broker-bounce, ack-loss, postgres-restart, min-isr, and "
+                                             "the spark-* faults of --engine spark.")] = "all",
     messages: Annotated[int, typer.Option(help="Records produced per cell.")] = 2000,
     repeat: Annotated[int, typer.Option(help="Repetitions per cell.")] = 1,
     sink: Annotated[str, typer.Option(help="postgres or kafka.")] = "postgres",
+    engine: Annotated[str, typer.Option(help="The pipeline `--faults all` runs through: consume (kdg consume's "
+                                             "faults), spark (kdg spark-stream's: spark-driver-kill, "
+                                             "spark-executor-kill, spark-broker-kill, spark-postgres-restart; "
+                                             "at-most-once has no cells there), or both, side by side.")] = "consume",
     report: Annotated[Optional[Path], typer.Option(help="Write index.html, PNG charts and results.json here.")] = None,
     state_dir: StateDir = None,
     as_json: Json = False,
@@ -50,7 +55,7 @@ def run(
             err_console.print(f"[{style}]{cell['verdict']}[/{style}] {cell['guarantee']} × {cell['fault']} "
                               f"#{cell['repetition']}: {cell['note']}")
 
-    results = run_chaos(layout, guarantees=parse_guarantees(guarantee), faults=parse_faults(faults),
+    results = run_chaos(layout, guarantees=parse_guarantees(guarantee), faults=parse_faults(faults, engine),
                         messages=messages, repeat=repeat, sink=sink, on_cell=show)
     _publish(results, report, as_json)
 

@@ -250,7 +250,9 @@ def _package_zip(folder: Path) -> Path:
 
 
 # Spark's TaskSetManager: "Lost task 0.0 in stage 0.0 (TID 0) (host executor driver): <reason>" — index.attempt
-_LOST_TASK = re.compile(r" TaskSetManager: Lost task (\d+)\.(\d+) in stage \S+ \(TID \d+\) \(.*?\): (?!TaskKilled)")
+# (a streaming query's lines carry "[queryId = …] [batchId = …] " after the logger's name)
+_LOST_TASK = re.compile(r" TaskSetManager: (?:\[[^\]]*\] )*Lost task (\d+)\.(\d+) in stage \S+ \(TID \d+\) \(.*?\): "
+                        r"(?!TaskKilled)")
 
 
 class _FailedTasks:

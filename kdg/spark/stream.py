@@ -181,7 +181,11 @@ def run_spark_stream(req: StreamRequest) -> StreamReport:
         if not store.hold_stream(req.group, req.topic):
             raise UsageError(f"another kdg spark-stream is reading {req.topic} for group {req.group!r}; one "
                              "group is read by one pipeline at a time")
-        _refuse_members(req)
+        try:
+            _refuse_members(req)
+        except StopRequested:
+            return StreamReport(policy.guarantee.value, req.topic, req.group, req.table, checkpoint,
+                                stopped_by=req.shutdown.signal or "stop requested")
         typed = None
         if req.mapping is not None:
             typed, _ = store.prepare_typed(req.mapping)
@@ -216,15 +220,24 @@ def _refuse_members(req: StreamRequest) -> None:
     """A group whose members read now (kdg consume, or any Kafka consumer) is theirs: refused, by name."""
     from confluent_kafka import KafkaError, KafkaException
 
+    from kdg.kafka.access import check
     from kdg.kafka.clients import admin_client
 
     admin = admin_client(req.conn.bootstrap_servers, req.conn.extra)
-    try:
-        described = admin.describe_consumer_groups([req.group], request_timeout=15)[req.group].result()
-    except KafkaException as exc:
-        if exc.args[0].code() == KafkaError.GROUP_ID_NOT_FOUND:  # no such group yet
-            return
-        raise ConnectionFailed(f"cannot describe group {req.group!r}: {exc.args[0].str()}") from exc
+    deadline = time.monotonic() + req.wait_timeout
+    while True:
+        try:
+            described = admin.describe_consumer_groups([req.group], request_timeout=15)[req.group].result()
+            break
+        except KafkaException as exc:
+            err = exc.args[0]
+            if err.code() == KafkaError.GROUP_ID_NOT_FOUND:  # no such group yet
+                return
+            check(err, f"describing group {req.group!r}")  # a refused login or ACL: at once
+            if time.monotonic() >= deadline:  # else (a coordinator moving with a broker restart): waited for
+                raise ConnectionFailed(f"cannot describe group {req.group!r}: {err.str()}") from exc
+            if req.shutdown.sleep(1):
+                raise StopRequested("Kafka") from exc
     if described.members:
         hosts = ", ".join(sorted({m.client_id + "@" + m.host for m in described.members}))
         raise UsageError(f"group {req.group!r} has {len(described.members)} active member(s) ({hosts}); stop them "
@@ -347,18 +360,24 @@ def _commit_to_group(req: StreamRequest, nexts: dict[int, int]) -> None:
     """At-least-once: the positions as the group's committed offsets in Kafka (refused while it has members)."""
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
+    from kdg.kafka.access import check
     from kdg.kafka.clients import admin_client
 
     admin = admin_client(req.conn.bootstrap_servers, req.conn.extra)
     asked = ConsumerGroupTopicPartitions(req.group, [TopicPartition(req.topic, p, o) for p, o in nexts.items()])
-    try:
-        admin.alter_consumer_group_offsets([asked], request_timeout=15)[req.group].result()
-    except KafkaException as exc:
-        err = exc.args[0]
-        if any(word in err.name() for word in ("NOT_EMPTY", "UNKNOWN_MEMBER", "ILLEGAL_GENERATION", "FENCED")):
-            raise Fenced(f"group {req.group!r} has members now (kdg consume?); this stream stops: one group is read "
-                         "by one pipeline at a time") from exc
-        raise ConnectionFailed(f"cannot commit group {req.group!r}'s offsets: {err.str()}") from exc
+    deadline = time.monotonic() + req.wait_timeout
+    while True:
+        try:
+            admin.alter_consumer_group_offsets([asked], request_timeout=15)[req.group].result()
+            return
+        except KafkaException as exc:
+            err = exc.args[0]
+            if any(word in err.name() for word in ("NOT_EMPTY", "UNKNOWN_MEMBER", "ILLEGAL_GENERATION", "FENCED")):
+                raise Fenced(f"group {req.group!r} has members now (kdg consume?); this stream stops: one group is "
+                             "read by one pipeline at a time") from exc
+            check(err, f"committing group {req.group!r}'s offsets")
+            if time.monotonic() >= deadline or req.shutdown.sleep(1):  # a coordinator moving (a broker restart)
+                raise ConnectionFailed(f"cannot commit group {req.group!r}'s offsets: {err.str()}") from exc
 
 
 def _run_query(req, master, policy, source_options, starting, checkpoint, trigger, id_kind, id_arg, batches,

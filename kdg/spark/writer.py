@@ -61,8 +61,10 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
     from kdg.store.pg import Store
 
     ctx = TaskContext.get()
-    # fires once: in the first Spark partition, on its first attempt, after one chunk committed
-    fault_armed = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0
+    # fires once: in the first Spark partition, on its first attempt, after one chunk committed (a stream's: in its
+    # first micro-batch only, or every batch would lose a worker)
+    fault_armed = ctx is not None and ctx.partitionId() == 0 and ctx.attemptNumber() == 0 and \
+        ctx.getLocalProperty("streaming.sql.batchId") in (None, "0")
     high: dict[int, int] = {}
     batches = _noting_offsets(batches, high)
     if spec.typed is not None:
