@@ -9,6 +9,7 @@ kdg from the zip the driver ships; each test shows it ran there, not in the driv
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import tempfile
@@ -234,3 +235,26 @@ def test_a_python_worker_killed_mid_write_on_an_executor(kdg, spark, conn, guara
         assert rows == 1000 and (audit["lost"], audit["duplicates"]) == (0, 0), audit
     else:
         assert rows == 1100 and (audit["lost"], audit["duplicates"]) == (0, 100), audit  # the chunk, again
+
+
+def test_spark_stream_on_the_cluster_through_an_executor_kill_and_a_driver_kill(kdg, spark, conn, tmp_path):
+    """kdg spark-stream exactly-once with --master stack: a Python worker killed on an executor mid-batch (Spark
+    retries the task), then the driver killed after writing a micro-batch (restarted from its checkpoint, Spark
+    runs that batch again): every key once."""
+    topic = _one_partition_topic(conn)
+    kdg("produce", topic, "-g", "at-least-once", "--count", 1000)
+    table, group = _table(), f"g-{uuid.uuid4().hex[:8]}"
+    args = ("spark-stream", topic, "-G", group, "-g", "exactly-once", "--table", table, "--master", "stack",
+            "--checkpoint", tmp_path / "checkpoint", "--max-per-batch", 400, "--chunk-rows", 100, "--trigger",
+            "available-now", "--json")
+    first = kdg(*args, env={"KDG_FAULT": "spark-task-mid-write"}, timeout=600)
+    assert re.search(r"spark: task 0 failed \(attempt 1 of 4; Spark retries it\)", first.stderr), first.stderr
+    assert json.loads(first.stdout.splitlines()[-1])["duplicates_dropped"] == 100  # the retried task's first chunk
+
+    kdg("produce", topic, "-g", "at-least-once", "--count", 1000)
+    killed = kdg(*args, env={"KDG_FAULT": "spark-stream-before-positions@2"}, check=False, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    again = [json.loads(line) for line in kdg(*args, timeout=600).stdout.splitlines()]
+    assert again[0]["duplicates_dropped"] == again[0]["rows_in"] > 0, again  # the killed batch, claimed already
+    audit = audited(kdg, topic, "--table", table, "-G", group)
+    assert (audit["lost"], audit["duplicates"], audit["pending"], audit["rows"]) == (0, 0, 0, 2000), audit

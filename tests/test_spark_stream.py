@@ -15,6 +15,7 @@ import pytest
 
 from conftest import audited
 from kdg.store.pg import Store
+from test_typed_sink import UPSERT_TABLE, create, expected_row, mapping_file, produce_orders, rows
 
 DRIVER_KILL = {"KDG_FAULT": "spark-stream-before-positions@2"}  # the second micro-batch, once written
 
@@ -93,6 +94,20 @@ def test_handoff_consume_stream_consume_with_a_kill_in_each(kdg, kdg_spawn, conn
     kdg(*consume)
     audit = audited(kdg, topic, "--table", table, "-G", group)
     assert (audit["lost"], audit["duplicates"], audit["pending"], audit["rows"]) == (0, 0, 0, 3000), audit
+
+
+def test_typed_upsert_keeps_the_latest_of_two_versions_per_key(kdg, conn, topic, group, tmp_path):
+    table = f"stream_orders_{uuid.uuid4().hex[:8]}"
+    create(conn, UPSERT_TABLE, table)
+    produce_orders(kdg, topic, tmp_path, orders=30, versions=2)
+    *batches, report = _lines(_stream(kdg, topic, group, "-g", "exactly-once", "--mapping",
+                                      mapping_file(tmp_path, table, mode="upsert"), "--checkpoint",
+                                      tmp_path / "checkpoint", "--trigger", "available-now"))
+    assert (report["rows_in"], report["dead_lettered"]) == (60, 0), report
+    found = [{k: v for k, v in r.items() if k != "idempotency_key"} for r in rows(conn, table)]
+    assert found == [expected_row(i, 2) for i in range(30)]  # Kafka order within a partition: version 2 won
+    audit = audited(kdg, topic, "--table", table, "-G", group)
+    assert (audit["processed_unique"], audit["lost"], audit["duplicates"]) == (60, 0, 0) and audit["balanced"], audit
 
 
 def test_at_most_once_and_a_bad_trigger_are_refused_before_spark_starts(kdg, topic, group):
