@@ -178,18 +178,21 @@ INJECTORS = {
 
 
 # -- the spark engine: the same cells with `kdg spark-stream` as the pipeline ---------------------------
-def _stream_until(cell: Cell, stream, rows: int, timeout: float = 120) -> None:
-    """Let a running stream write ``rows`` rows of the cell's topic (or time out), then stop it with SIGTERM."""
+def _wait_for_rows(cell: Cell, stream, rows: int, timeout: float = 120) -> None:
+    """Until a running stream has written ``rows`` rows of the cell's topic (or ended, or ``timeout``)."""
     from kdg.store.pg import Store
 
     deadline = time.monotonic() + timeout
+    with Store(cell.layout.pg_dsn) as store:
+        while time.monotonic() < deadline and stream.poll() is None and store.across_restart(lambda: store.fetchval(
+                "SELECT count(*) FROM kdg_events WHERE topic = $1", cell.topic)) < rows:
+            time.sleep(0.3)
+
+
+def _stream_until(cell: Cell, stream, rows: int, timeout: float = 120) -> None:
+    """Let a running stream write ``rows`` rows of the cell's topic (or time out), then stop it with SIGTERM."""
     try:
-        with Store(cell.layout.pg_dsn) as store:
-            while time.monotonic() < deadline and stream.poll() is None:
-                if store.across_restart(lambda: store.fetchval(
-                        "SELECT count(*) FROM kdg_events WHERE topic = $1", cell.topic)) >= rows:
-                    break
-                time.sleep(0.5)
+        _wait_for_rows(cell, stream, rows, timeout)
     finally:
         stream.send_signal(signal.SIGTERM)
         code, _, err = finish(stream)
@@ -228,7 +231,7 @@ def spark_broker_kill(cell: Cell) -> None:
     ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3, extra=cell.conn.extra)
     producer = cell.produce("--rate", max(200, cell.messages // 8), wait=False)
     stream = cell.stream("--trigger", "500ms")
-    time.sleep(8)  # the stream is up (Spark starts in a few seconds) and reading
+    _wait_for_rows(cell, stream, cell.messages // 5)  # the stream is up (Spark takes ~20 s here) and writing
     leader = _leader_of_partition_0(cell)
     if cluster.kill_node(cell.layout, leader, hard=True):
         cell.result.fault_fired = True
@@ -248,13 +251,7 @@ def spark_postgres_restart(cell: Cell) -> None:
         cell.event("spark-postgres-restart needs the embedded server; skipped")
         return
     stream = cell.stream("--trigger", "500ms", "--max-per-batch", max(20, cell.batch // 4))
-    from kdg.store.pg import Store
-
-    deadline = time.monotonic() + 120
-    with Store(cell.layout.pg_dsn) as store:
-        while time.monotonic() < deadline and stream.poll() is None and store.fetchval(
-                "SELECT count(*) FROM kdg_events WHERE topic = $1", cell.topic) < cell.messages // 5:
-            time.sleep(0.3)
+    _wait_for_rows(cell, stream, cell.messages // 5)
     if stream.poll() is None:
         postgres.restart(cell.layout, hard=True)
         cell.result.fault_fired = True
