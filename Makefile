@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 KDG     = $(BIN)/kdg
 
-.PHONY: setup demo test test-fast test-long stack-up stack-down bench bench-spark clean
+.PHONY: setup demo test test-fast test-long stack-up stack-down bench bench-spark bench-stream clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -54,6 +54,10 @@ bench: setup
 ## bench-spark: kdg spark-replay exactly-once vs a naive Spark JDBC append, and its driver memory at 1M vs 4M records
 bench-spark: setup
 	$(BIN)/python benchmarks/spark_replay_bench.py --records 1000000 --repeat 3 --big 4000000
+
+## bench-stream: kdg spark-stream exactly-once vs kdg consume exactly-once vs a plain foreachBatch JDBC append
+bench-stream: setup
+	$(BIN)/python benchmarks/spark_stream_bench.py --records 1000000 --repeat 3
 
 clean:
 	-$(KDG) stack down --purge

@@ -160,7 +160,10 @@ def run_measured(layout, cmd: list[str]) -> tuple[dict, dict]:
     used["wall_s"], used["machine_busy_cores"] = round(wall, 1), round((machine_cpu() - busy) / wall, 2)
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd[:4])}… exited {proc.returncode}:\n{err[-3000:]}")
-    report = json.loads(out)
+    try:
+        report = json.loads(out)
+    except json.JSONDecodeError:  # a stream of JSON lines (spark-stream): the report is the last
+        report = json.loads(out.strip().splitlines()[-1])
     if found := re.search(r"KDG_SELF (\d+) ([\d.]+)", err):
         report["self_peak_kb"], report["self_cpu_s"] = int(found.group(1)), float(found.group(2))
     used["self_peak_mb"] = report.pop("self_peak_kb") // 1024
