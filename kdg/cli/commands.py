@@ -7,8 +7,9 @@ from typing import Annotated, Optional
 import typer
 
 from kdg.cli import app
-from kdg.cli.options import (Bootstrap, Columns, CreateTable, DedupRetention, Json, MappingFile, MetricsHost,
-                             MetricsPort, Mode, OnTombstone, Envelope, PgDsn, Profile, Properties, ShutdownTimeout, WaitTimeout)
+from kdg.cli.options import (Bootstrap, ChunkRows, Columns, CreateTable, DedupRetention, Envelope, Json, MappingFile,
+                             MetricsHost, MetricsPort, Mode, OnTombstone, PgDsn, Profile, Properties, ShutdownTimeout,
+                             SinkTable, SparkConf, SparkIdFrom, SparkMaster, WaitTimeout)
 from kdg.cli.render import console, err_console, key_value_table, print_json
 from kdg.errors import CheckFailed, UsageError
 
@@ -176,8 +177,7 @@ def consume(
     group: Annotated[str, typer.Option("--group", "-G", help="Consumer group id.")],
     guarantee: GuaranteeOpt = "at-least-once",
     sink: Annotated[str, typer.Option(help="postgres | kafka:OUT_TOPIC | stdout.")] = "postgres",
-    table: Annotated[Optional[str], typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (default: "
-                     "kdg_events; created like it, the schema must exist). With --column or --mapping: your table.")] = None,
+    table: SinkTable = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None, envelope: Envelope = None,
     fmt: Annotated[str, typer.Option("--format", help="stdout sink: text or json envelope lines.")] = "text",
@@ -258,17 +258,13 @@ def spark_replay(
     start: Annotated[str, typer.Option("--from", help="earliest | latest | stored | P:OFFSET,… | "
                      "@2026-11-22T10:00:00 (UTC) | @MILLIS.")] = "earliest",
     end: Annotated[str, typer.Option("--to", help="Exclusive end, same forms as --from.")] = "latest",
-    table: Annotated[Optional[str], typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (default: "
-                     "kdg_events; created like it, the schema must exist). With --column or --mapping: your table.")] = None,
+    table: SinkTable = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None, envelope: Envelope = None,
-    master: Annotated[str, typer.Option(help="Spark master: local[*], spark://…, yarn, k8s://…, or stack for "
-                  "the local stack's Spark cluster (kdg stack up --spark-workers N).")] = "local[*]",
-    id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD "
-                       "or offset.")] = None,
-    chunk_rows: Annotated[int, typer.Option(help="Rows per Postgres transaction in a Spark task.")] = 20_000,
-    spark_conf: Annotated[Optional[list[str]], typer.Option("--conf", help="Spark property key=value "
-                          "(repeatable).")] = None,
+    master: SparkMaster = "local[*]",
+    id_from: SparkIdFrom = None,
+    chunk_rows: ChunkRows = 20_000,
+    spark_conf: SparkConf = None,
     dedup_retention: DedupRetention = None,
     beyond_dedup_window: Annotated[bool, typer.Option(help="Exactly-once: replay records older than the table's "
                                    "dedup window too; one of them already in the table is written again.")] = False,
@@ -328,23 +324,19 @@ def spark_stream(
                      "(without a checkpoint) and stores: kdg_offsets under exactly-once, Kafka's committed offsets "
                      "under at-least-once.")],
     guarantee: GuaranteeOpt = "exactly-once",
-    table: Annotated[Optional[str], typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME (default: "
-                     "kdg_events; created like it, the schema must exist). With --column or --mapping: your table.")] = None,
+    table: SinkTable = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None, envelope: Envelope = None,
-    master: Annotated[str, typer.Option(help="Spark master: local[*], spark://…, yarn, k8s://…, or stack for "
-                  "the local stack's Spark cluster (kdg stack up --spark-workers N).")] = "local[*]",
+    master: SparkMaster = "local[*]",
     checkpoint: Annotated[Optional[str], typer.Option(help="Spark's checkpoint directory or URI (default: under "
                           "the state dir, one per group and topic); on a cluster, a path every node sees.")] = None,
     trigger: Annotated[str, typer.Option(help="How often a micro-batch starts: an interval (500ms, 2s, 1m), or "
                        "available-now to write what is there and stop.")] = "1s",
     max_per_batch: Annotated[Optional[int], typer.Option(help="At most this many records per micro-batch "
                              "(maxOffsetsPerTrigger).")] = None,
-    id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD "
-                       "or offset.")] = None,
-    chunk_rows: Annotated[int, typer.Option(help="Rows per Postgres transaction in a Spark task.")] = 20_000,
-    spark_conf: Annotated[Optional[list[str]], typer.Option("--conf", help="Spark property key=value "
-                          "(repeatable).")] = None,
+    id_from: SparkIdFrom = None,
+    chunk_rows: ChunkRows = 20_000,
+    spark_conf: SparkConf = None,
     pg_wait: Annotated[float, typer.Option(help="Seconds a batch that met Postgres down waits for it before the "
                        "stream gives up (exit 5).")] = 120.0,
     dedup_retention: DedupRetention = None,

@@ -58,3 +58,14 @@ MetricsPort = Annotated[Optional[int], typer.Option(
     "readiness (/readyz) on this port; 0 picks a free one and prints it.")]
 MetricsHost = Annotated[str, typer.Option(
     "--metrics-host", envvar="KDG_METRICS_HOST", help="Address the metrics port listens on.")]
+
+SinkTable = Annotated[Optional[str], typer.Option(
+    "--table", help="Postgres sink table, NAME or SCHEMA.NAME (default: kdg_events; created like it, the schema "
+    "must exist). With --column or --mapping: your table.")]
+SparkMaster = Annotated[str, typer.Option(
+    "--master", help="Spark master: local[*], spark://…, yarn, k8s://…, or stack for the local stack's Spark "
+    "cluster (kdg stack up --spark-workers N).")]
+SparkIdFrom = Annotated[Optional[str], typer.Option(
+    "--id-from", help="Key for records without kdg-id: header:NAME, json:FIELD or offset.")]
+ChunkRows = Annotated[int, typer.Option("--chunk-rows", help="Rows per Postgres transaction in a Spark task.")]
+SparkConf = Annotated[Optional[list[str]], typer.Option("--conf", help="Spark property key=value (repeatable).")]
