@@ -78,6 +78,13 @@ def _broker_down(cell: Cell, hard: bool) -> None:
     producer = cell.produce("--rate", rate, wait=False)
     consumer = cell.consume("--idle-timeout", 20)
     time.sleep(2)
+    _bounce_leader(cell, hard)
+    _record_produce(cell, finish(producer))
+    finish(consumer)
+
+
+def _bounce_leader(cell: Cell, hard: bool) -> None:
+    """Stop partition 0's leader (SIGKILL or SIGTERM), start it again 5 s later; the timeline says both."""
     leader = _leader_of_partition_0(cell)
     if cluster.kill_node(cell.layout, leader, hard=hard):
         cell.result.fault_fired = True
@@ -85,8 +92,6 @@ def _broker_down(cell: Cell, hard: bool) -> None:
     time.sleep(5)
     cluster.start_node(cell.layout, leader)
     cell.event(f"broker {leader} restarted")
-    _record_produce(cell, finish(producer))
-    finish(consumer)
 
 
 def broker_kill(cell: Cell) -> None:
@@ -232,13 +237,7 @@ def spark_broker_kill(cell: Cell) -> None:
     producer = cell.produce("--rate", max(200, cell.messages // 8), wait=False)
     stream = cell.stream("--trigger", "500ms")
     _wait_for_rows(cell, stream, cell.messages // 5)  # the stream is up (Spark takes ~20 s here) and writing
-    leader = _leader_of_partition_0(cell)
-    if cluster.kill_node(cell.layout, leader, hard=True):
-        cell.result.fault_fired = True
-        cell.event(f"SIGKILL broker {leader} (leader of partition 0)")
-    time.sleep(5)
-    cluster.start_node(cell.layout, leader)
-    cell.event(f"broker {leader} restarted")
+    _bounce_leader(cell, hard=True)
     _record_produce(cell, finish(producer))
     _stream_until(cell, stream, cell.messages)
 
