@@ -70,8 +70,12 @@ def pytest_collection_modifyitems(config, items):
                       if item.module.__name__ in _LONG_MODULES else len(_LONG_MODULES))
 
 
-_LONG_MODULES = ["test_chaos", "test_soak", "test_lifecycle", "test_typed_sink", "test_spark_replay", "test_secure",
-                 "test_crash", "test_demo_output", "test_spark_cluster", "test_profile", "test_bad_input"]
+# (each whole module runs on one worker: --dist loadfile). The Spark modules take the longest, 7-15 minutes each
+# on 2 cores with every worker busy, so they go first, one to a worker; a Spark module started late was the
+# suite's tail (test_spark_stream, last, ran 8 minutes alone)
+_LONG_MODULES = ["test_spark_replay", "test_spark_cluster", "test_spark_stream", "test_chaos", "test_soak",
+                 "test_lifecycle", "test_typed_sink", "test_secure", "test_crash", "test_demo_output", "test_profile",
+                 "test_bad_input"]
 
 
 @pytest.hookimpl(hookwrapper=True)
