@@ -35,6 +35,7 @@ import sys
 import threading
 import time
 from array import array
+from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, KafkaError, TopicPartition
 
@@ -239,7 +240,7 @@ def warm_up(bootstrap: str, topic: str, watcher: Watcher, consumer: Child) -> fl
         if watcher.error is not None:
             raise RuntimeError(f"watcher failed: {watcher.error!r}")
         if consumer.wait(0):
-            raise RuntimeError(f"kdg consume exited {consumer.returncode} during warm-up:\n"
+            raise RuntimeError(f"{' '.join(consumer.cmd[3:5])} exited {consumer.returncode} during warm-up:\n"
                                f"{consumer.output()[1][-3000:]}")
         if time.monotonic() - started > WARM_UP_S:
             raise RuntimeError(f"warm-up records not seen at the sink after {WARM_UP_S:.0f} s")
@@ -281,7 +282,15 @@ def verdict(guarantee: str, sent: int, observed: int, repeats: int, missed_by_wa
     return "; ".join(notes) or f"all {sent} seen once"
 
 
-def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, size: int, kdg_path: str) -> dict:
+def consume_pipeline(topic: str, group: str, guarantee: str, sink_args: list[str]) -> list[str]:
+    """The pipeline measured by default: `kdg consume` with kdg's defaults (an idle timeout as a safety net)."""
+    return ["consume", topic, "-G", group, "-g", guarantee, *sink_args, "--idle-timeout", "120", "--json"]
+
+
+def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, size: int, kdg_path: str,
+                pipeline: Callable[[str, str, str, list[str]], list[str]] = consume_pipeline) -> dict:
+    """One measured run; ``pipeline(topic, group, guarantee, sink_args)`` gives the kdg command that moves the
+    records (`kdg consume` by default; benchmarks/spark_stream_bench.py passes `kdg spark-stream`)."""
     records = max(1, int(rate * seconds))
     bootstrap = layout.bootstrap_servers
     topic = fresh_topic("lat-in")
@@ -303,8 +312,7 @@ def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, 
     started = time.monotonic()
     watcher.start()
     try:
-        consumer = Child([*kdg, "consume", topic, "-G", group, "-g", guarantee, *sink_args,
-                          "--idle-timeout", "120", "--json"], env)
+        consumer = Child([*kdg, *pipeline(topic, group, guarantee, sink_args)], env)
         warm_s = warm_up(bootstrap, topic, watcher, consumer)
         producer = Child([*kdg, "produce", topic, "-g", guarantee, "--count", str(records), "--rate", str(rate),
                           "--size", str(size), "--no-ledger", "--json"], env)
@@ -332,10 +340,7 @@ def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, 
     first_seen = watcher.first_seen
     latencies = [first_seen[s] * 1000 - created[s] for s in range(records) if created[s] >= 0 and first_seen[s]]
     in_topic = sum(1 for ts in created if ts >= 0)
-    try:
-        report = json.loads(consumer_out)
-    except ValueError:
-        report = {"unreadable": consumer_err[-2000:]}
+    report = _last_report(consumer_out, consumer_err)
     return {"guarantee": guarantee, "sink": "postgres" if sink == "postgres" else "kafka", "kdg": kdg_path,
             "target_rate": rate, "achieved_rate": produced["msgs_per_s"], "sent": produced["sent"],
             "producer_failed": produced["failed"], "in_input_topic": in_topic, "observed": watcher.distinct,
@@ -352,6 +357,17 @@ def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, 
             "last_seen_after_producer_s": round(max(first_seen) - producer_done, 1),
             "watcher_cpu_s": round(watcher_cpu, 2), "warm_up_s": round(warm_s, 1), "run_wall_s": round(run_s, 1),
             "machine_busy_cores": round(consumer.usage.busy_cores, 2)}
+
+
+def _last_report(out: str, err: str) -> dict:
+    """The pipeline's --json report: its whole stdout (`kdg consume`), or its last line (`kdg spark-stream`
+    prints one object per batch before it)."""
+    for text in (out, out.strip().rsplit("\n", 1)[-1]):
+        try:
+            return json.loads(text)
+        except ValueError:
+            continue
+    return {"unreadable": err[-2000:]}
 
 
 def _cpu_since(before) -> float:

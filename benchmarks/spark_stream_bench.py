@@ -13,6 +13,16 @@ Each repetition drains the same N records of 100 B three ways, in an order that 
 The figure is the median of each, and the ratio spark-stream / plain (the issue's target: >= 1.0). CPU seconds
 per part (Spark's JVM and Python workers, the driver's Python, Postgres, brokers) come from the same
 measuring as benchmarks/spark_replay_bench.py. The last line is one JSON object.
+
+    .venv/bin/python benchmarks/spark_stream_bench.py --latency [--latency-rate R] [--latency-seconds S]
+        [--triggers 1s,100ms]
+
+End-to-end latency instead: for each trigger, benchmarks/latency_bench.py's run with `kdg spark-stream -g
+exactly-once --trigger T` as the pipeline. A steady `kdg produce --rate R` for S seconds into a fresh topic; a
+record counts as arrived when the group's position in kdg_offsets, stored after the micro-batch that wrote it,
+has passed it (polled every 5 ms): the moment `kdg audit` would call it processed, not the earlier moment its
+task committed the row. Latency is that moment minus the record's CreateTime. `last_seen_after_producer_s`
+says whether the stream kept up: a few seconds at most, or the figure measures a backlog.
 """
 
 import argparse
@@ -83,10 +93,35 @@ def rate_of(kind: str, report: dict) -> float:
     return report["msgs_per_s"] if kind == "consume" else report["rows_per_s"]
 
 
+def latency(layout, rate: float, seconds: float, triggers: list[str]) -> None:
+    from latency_bench import latency_run
+
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    results = []
+    for trigger in triggers:
+        with tempfile.TemporaryDirectory(prefix="kdg-stream-lat-") as scratch:
+            def pipeline(topic, group, guarantee, sink_args, trigger=trigger, scratch=scratch):
+                return ["spark-stream", topic, "-G", group, "-g", guarantee, *sink_args, "--trigger", trigger,
+                        "--checkpoint", os.path.join(scratch, "checkpoint"), "--json"]
+
+            result = latency_run(layout, "exactly-once", "postgres", rate, seconds, 100, here, pipeline)
+        result["trigger"] = trigger
+        results.append(result)
+        print(f"  trigger {trigger}: p50 {result['p50_ms']} ms, p95 {result['p95_ms']} ms, p99 {result['p99_ms']} ms, "
+              f"max {result['max_ms']} ms at {result['achieved_rate']:,.0f}/s; last seen "
+              f"{result['last_seen_after_producer_s']} s after the producer; {result['verdict']}; "
+              f"{result['consumer_batches']} batches, {result['consumer_cpu_s']} CPU-s", flush=True)
+    print(json.dumps({"machine": machine(), "latency": results}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--latency", action="store_true", help="measure end-to-end latency per trigger instead")
+    ap.add_argument("--latency-rate", type=float, default=2000.0)
+    ap.add_argument("--latency-seconds", type=float, default=60.0)
+    ap.add_argument("--triggers", default="1s,100ms", help="comma-separated --trigger values (the default first)")
     ap.add_argument("--job", help=argparse.SUPPRESS)
     ap.add_argument("--table", help=argparse.SUPPRESS)
     ap.add_argument("--checkpoint", help=argparse.SUPPRESS)
@@ -96,6 +131,8 @@ def main() -> None:
 
     layout = stack()
     print(f"machine: {machine()}; stack: {layout.brokers} brokers on loopback; Spark local[*]", flush=True)
+    if args.latency:
+        return latency(layout, args.latency_rate, args.latency_seconds, args.triggers.split(","))
     runs: dict[str, list] = {kind: [] for kind in KINDS}
     topics, tables = [], []
     scratch = tempfile.mkdtemp(prefix="kdg-stream-bench-")
