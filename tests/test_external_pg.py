@@ -87,6 +87,7 @@ def test_round_trip_into_a_schema_qualified_table_balances(kdg, migrated, stack,
         assert embedded.fetchval("SELECT count(*) FROM kdg_ledger WHERE topic = $1", topic) == 0
 
 
+@pytest.mark.long  # make test budget: the other external-server tests stay, Spark's writer is the same Store
 def test_spark_replay_into_a_schema_qualified_table_is_idempotent(kdg, migrated, topic):
     run(kdg, migrated, "produce", topic, "-g", "exactly-once", "--count", 3000, "--pg-dsn", migrated)
     replay = ("spark-replay", topic, "-g", "exactly-once", "--table", "app.replayed", "--json")

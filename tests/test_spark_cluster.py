@@ -154,6 +154,7 @@ _IN_PROCESS = textwrap.dedent("""
 """)
 
 
+@pytest.mark.long  # make test budget: the cluster replays of test_a_python_worker_killed_mid_write stay
 def test_exactly_once_on_the_cluster_leaves_nothing_behind_in_the_caller(kdg, spark, conn, topic):
     """Each key once and the audit balanced; the application ran on the workers' executors with the shipped
     kdg zip; afterwards the caller's environment and sys.path are as before and no temp zip is left,
@@ -237,6 +238,7 @@ def test_a_python_worker_killed_mid_write_on_an_executor(kdg, spark, conn, guara
         assert rows == 1100 and (audit["lost"], audit["duplicates"]) == (0, 100), audit  # the chunk, again
 
 
+@pytest.mark.long  # make test budget: the stream's driver kill is test_spark_stream's, the executor kill replay's
 def test_spark_stream_on_the_cluster_through_an_executor_kill_and_a_driver_kill(kdg, spark, conn, tmp_path):
     """kdg spark-stream exactly-once with --master stack: a Python worker killed on an executor mid-batch (Spark
     retries the task), then the driver killed after writing a micro-batch (restarted from its checkpoint, Spark

@@ -30,6 +30,7 @@ def _replay(kdg, topic, *args, env=None, check=True):
     return kdg("spark-replay", topic, *args, "--json", env=env, check=check, timeout=600)
 
 
+@pytest.mark.long  # make test budget: a second write claimed already is also test_replay_over_what_consume_wrote
 def test_exactly_once_replay_twice_adds_nothing_the_second_time(kdg, topic):
     kdg("produce", topic, "-g", "exactly-once", "--count", 3000, "--id", f"{topic}-{{seq}}")
     table = _table()
@@ -126,6 +127,7 @@ def test_aborted_transactions_are_never_replayed_under_exactly_once(kdg, conn):
     assert report["rows_written"] == 400 and keys(uncommitted) == {"aborted", "committed"}
 
 
+@pytest.mark.long  # make test budget: four Spark runs (280 s with every worker busy)
 def test_records_without_a_key_stop_exactly_once_but_not_the_weaker_guarantees(kdg, conn):
     from confluent_kafka import Producer
 
