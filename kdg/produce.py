@@ -156,13 +156,17 @@ def _stamp(rec: Record, seq: int, make_id) -> tuple[str, int]:
     A ``kdg-seq`` that is not a number is left as it is and the record's position is used in the
     ledger: stopping half-way through an input would be worse.
     """
+    if not rec.headers:  # most records: none of their own, so both headers are new
+        key = make_id(seq)
+        rec.headers = [(ID_HEADER, key.encode()), (SEQ_HEADER, b"%d" % seq)]
+        return key, seq
     key = rec.idempotency_key
     if key is None:
         key = make_id(seq)
         rec.headers.append((ID_HEADER, key.encode()))
     raw_seq = rec.header(SEQ_HEADER)
     if raw_seq is None:
-        rec.headers.append((SEQ_HEADER, str(seq).encode()))
+        rec.headers.append((SEQ_HEADER, b"%d" % seq))
     else:
         try:
             seq = int(raw_seq)

@@ -15,10 +15,12 @@ SEQ_HEADER = "kdg-seq"
 class Uuid7Maker:
     """Time-ordered UUIDs (version 7): 48 bits of Unix milliseconds, the version, 74 random bits.
 
-    Formatted by hand from a block of random hex drawn at once, the time part once per
-    millisecond: ``str(uuid.UUID(int=…))`` costs more than the rest of sending a record, and so
-    did one ``getrandbits`` and two hex formats per key. One maker serves one thread; the random
-    bits come from ``random`` (re-seeded after fork): keys need uniqueness, not secrecy.
+    Made in blocks: the random part of ``keys_per_block`` keys is drawn as one block of random bytes and
+    formatted by one list comprehension, so a key costs a clock read, a list pop and a concatenation with
+    the time part, which is formatted once per millisecond. The time is always the moment the key is
+    taken, never the block's: a claim's partition in ``kdg_dedup`` is chosen by it. One maker serves one
+    thread; the random bits come from ``random`` (re-seeded after fork): keys need uniqueness, not secrecy.
+    ``str(uuid.UUID(int=…))`` per key cost more than the rest of sending a record.
 
     Example: ``Uuid7Maker()()`` → ``'019a6f0e-4a1b-7c3d-9e4f-5a6b7c8d9e0f'``.
     """
@@ -27,22 +29,25 @@ class Uuid7Maker:
     _VARIANT = {c: "89ab"[int(c, 16) & 3] for c in "0123456789abcdef"}  # RFC 9562 variant 10xx
 
     def __init__(self, keys_per_block: int = 4096):
-        self._bytes = (keys_per_block * self._HEX_PER_KEY + 1) // 2
+        self._keys = keys_per_block
         self._ms, self._time = -1, ""
-        self._hex, self._at, self._end = "", 0, 0
+        self._tails: list[str] = []  # the random part of the keys still to hand out, the next one last
 
     def __call__(self, _seq: int = 0) -> str:
         ms = time.time_ns() // 1_000_000
         if ms != self._ms:
             t = f"{ms & 0xFFFF_FFFF_FFFF:012x}"
             self._ms, self._time = ms, f"{t[:8]}-{t[8:]}-7"
-        at = self._at
-        if at == self._end:
-            self._hex = random.randbytes(self._bytes).hex()
-            at, self._end = 0, len(self._hex) // self._HEX_PER_KEY * self._HEX_PER_KEY
-        self._at = at + self._HEX_PER_KEY
-        h = self._hex
-        return f"{self._time}{h[at:at + 3]}-{self._VARIANT[h[at + 3]]}{h[at + 4:at + 7]}-{h[at + 7:at + 19]}"
+        tails = self._tails
+        if not tails:
+            tails = self._tails = self._draw()
+        return self._time + tails.pop()
+
+    def _draw(self) -> list[str]:
+        step, variant = self._HEX_PER_KEY, self._VARIANT
+        h = random.randbytes((self._keys * step + 1) // 2).hex()
+        return [f"{h[at:at + 3]}-{variant[h[at + 3]]}{h[at + 4:at + 7]}-{h[at + 7:at + 19]}"
+                       for at in range(0, self._keys * step, step)]
 
 
 def uuid7() -> str:

@@ -99,11 +99,12 @@ def synthetic(count: int | None, size: int, rate: float | None, opts: LineOption
 
 def _synthetic(count: int | None, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:
     payload = os.urandom(max(size, 1) // 2 + 1).hex()[:size].encode()
+    key = opts.key.encode() if opts.key is not None else None
+    headers, partition = opts.headers, opts.partition
     start = time.monotonic()
     for seq in (range(count) if count is not None else itertools.count()):
         if rate:
             ahead = seq / rate - (time.monotonic() - start)
             if ahead > 0:
                 time.sleep(ahead)
-        key = opts.key.encode() if opts.key is not None else None
-        yield Record(value=payload, key=key, headers=list(opts.headers), partition=opts.partition)
+        yield Record(payload, key, list(headers) if headers else [], partition)
