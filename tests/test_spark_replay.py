@@ -98,6 +98,7 @@ def test_a_task_that_dies_mid_write(kdg, conn, guarantee):
         assert stored == {0: 1000}
 
 
+@pytest.mark.long  # make test budget: the source's read_committed is test_clients' (spark_source_options)
 def test_aborted_transactions_are_never_replayed_under_exactly_once(kdg, conn):
     from confluent_kafka import Producer
 

@@ -622,6 +622,7 @@ def test_a_bad_mapping_is_refused_before_anything_is_consumed(kdg, conn, topic, 
 
 # -- spark-replay: the same mapping, the same store method, in Spark's executors ------------------
 
+@pytest.mark.long  # make test budget: Spark's typed writer stays in test_spark_stream's typed upsert
 def test_spark_replay_after_a_partial_consume_writes_each_key_once(kdg, conn, topic, group, table, tmp_path):
     create(conn, INSERT_TABLE, table)  # insert: a second write of any record would show as a second row
     bad = {41: "-3.00", 222: '"n/a"'}
