@@ -47,7 +47,7 @@ class Uuid7Maker:
         step, variant = self._HEX_PER_KEY, self._VARIANT
         h = random.randbytes((self._keys * step + 1) // 2).hex()
         return [f"{h[at:at + 3]}-{variant[h[at + 3]]}{h[at + 4:at + 7]}-{h[at + 7:at + 19]}"
-                       for at in range(0, self._keys * step, step)]
+                for at in range(0, self._keys * step, step)]
 
 
 def uuid7() -> str:
