@@ -6,8 +6,10 @@ Nothing here mocks Kafka or Postgres; a missing Java or Maven fails the run with
 One session may run on several pytest-xdist workers (`make test` does). Each shared server is still
 started once, lazily, by the first test that needs it, whichever worker that is
 (:class:`SharedServers`), and stopped by pid at the end by the process that owns the run. Tests that
-stop a broker or Postgres under everyone (marker ``disrupts_stack``) run alone: every other test on
-the stack holds a shared lock while it runs, and such a test an exclusive one (:func:`stack_access`).
+stop a broker or Postgres (marker ``disrupts_stack``) get a stack of their own, the fault stack (27092..,
+27432), and run there one at a time (:func:`fault_stack_access`); every other test shares the session
+stack with no lock. Before, one stack served both behind a readers-writer lock, and a fault test waiting
+for the readers to drain held the other workers idle behind it for minutes.
 `make test` hands out whole modules (``--dist loadfile``): a module's own server (the secure stack, the
 Spark cluster) is started and stopped by that module, on one worker, in order.
 """
@@ -32,15 +34,17 @@ from kdg.stack.layout import StackLayout
 
 TEST_BROKER_PORT = int(os.environ.get("KDG_TEST_BROKER_PORT", "29092"))
 TEST_PG_PORT = int(os.environ.get("KDG_TEST_PG_PORT", "25432"))
+FAULT_BROKER_PORT = int(os.environ.get("KDG_TEST_FAULT_BROKER_PORT", "27092"))
+FAULT_PG_PORT = int(os.environ.get("KDG_TEST_FAULT_PG_PORT", "27432"))
 RUN_DIR_ENV = "KDG_TEST_RUN_DIR"  # set by the process that owns the run; its xdist workers inherit it
 # fixtures that reach a server: a test using any of them is in the `stack` tier
-SERVER_FIXTURES = {"stack", "external_pg", "secure_stack"}
+SERVER_FIXTURES = {"stack", "session_stack", "fault_stack", "external_pg", "secure_stack"}
 
 
 # -- tiers and groups --------------------------------------------------------------------------------
 def pytest_configure(config):
     config.addinivalue_line("markers", "stack: reaches a real server (added from the fixtures a test uses)")
-    config.addinivalue_line("markers", "disrupts_stack: stops a broker or Postgres of the shared stack; runs alone")
+    config.addinivalue_line("markers", "disrupts_stack: stops a broker or Postgres: runs on the fault stack, alone")
     config.addinivalue_line("markers", "long: a long run or a wide matrix, for `make test-long` (pytest -m long)")
     if os.environ.get(RUN_DIR_ENV) is None:  # the owner: a plain pytest, or xdist's controller
         run_dir = Path(tempfile.mkdtemp(prefix="kdg-test-run-"))
@@ -80,34 +84,23 @@ _LONG_MODULES = ["test_spark_replay", "test_spark_cluster", "test_spark_stream",
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """A test on the shared stack holds the stack's lock from its setup (module fixtures too) to its teardown."""
-    if "stack" not in getattr(item, "fixturenames", ()) and not item.get_closest_marker("disrupts_stack"):
+    """A test that disrupts the fault stack holds it alone from its setup to its teardown."""
+    if not item.get_closest_marker("disrupts_stack"):
         yield
         return
-    with stack_access(exclusive=item.get_closest_marker("disrupts_stack") is not None):
+    with fault_stack_access():
         yield
 
 
 @contextlib.contextmanager
-def stack_access(*, exclusive: bool):
-    """Shared (most tests) or exclusive (a test that stops a broker or Postgres) use of the session stack.
-
-    Readers pass a gate first, and a writer holds the gate while it waits, so a writer is never starved
-    by readers arriving on the other workers.
-    """
-    run_dir = Path(os.environ[RUN_DIR_ENV])
-    with open(run_dir / "stack.gate", "a") as gate, open(run_dir / "stack.rw", "a") as rw:
-        fcntl.flock(gate, fcntl.LOCK_EX)
-        try:
-            fcntl.flock(rw, fcntl.LOCK_EX if exclusive else fcntl.LOCK_SH)
-        finally:
-            if not exclusive:
-                fcntl.flock(gate, fcntl.LOCK_UN)
+def fault_stack_access():
+    """The fault stack for one test at a time, across the session's workers."""
+    with open(Path(os.environ[RUN_DIR_ENV]) / "fault_stack.use", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(rw, fcntl.LOCK_UN)
-            fcntl.flock(gate, fcntl.LOCK_UN)
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 # -- servers shared by every worker of a session ----------------------------------------------------
@@ -138,11 +131,12 @@ class SharedServers:
         return found
 
     def stop_all(self) -> None:
-        record = self.run_dir / "stack.json"
-        if record.exists() and "state_dir" in (saved := json.loads(record.read_text())):
-            layout = _session_layout(Path(saved["state_dir"]))
-            cluster.down(layout, purge=True)  # brokers, Postgres and any Spark part, by pid
-            shutil.rmtree(layout.state_dir, ignore_errors=True)
+        for name in ("stack", "fault_stack"):
+            record = self.run_dir / f"{name}.json"
+            if record.exists() and "state_dir" in (saved := json.loads(record.read_text())):
+                layout = _LAYOUTS[name](Path(saved["state_dir"]))
+                cluster.down(layout, purge=True)  # brokers, Postgres and any Spark part, by pid
+                shutil.rmtree(layout.state_dir, ignore_errors=True)
         record = self.run_dir / "external_pg.json"
         if record.exists() and "base" in (saved := json.loads(record.read_text())):
             from pg_server import stop_external_postgres
@@ -155,14 +149,21 @@ def _session_layout(state: Path) -> StackLayout:
                        external_pg_dsn=os.environ.get("KDG_TEST_PG_DSN"))
 
 
+def _fault_layout(state: Path) -> StackLayout:
+    return StackLayout(state_dir=state, brokers=3, broker_port=FAULT_BROKER_PORT, pg_port=FAULT_PG_PORT)
+
+
+_LAYOUTS = {"stack": _session_layout, "fault_stack": _fault_layout}
+
+
 def _shared() -> SharedServers:
     return SharedServers(Path(os.environ[RUN_DIR_ENV]))
 
 
-@pytest.fixture(scope="session")
-def stack() -> StackLayout:
+def _shared_stack(name: str) -> StackLayout:
+    """Stack ``name`` of this session (``stack`` or ``fault_stack``), started by whichever test asks first."""
     def start() -> dict:
-        layout = _session_layout(Path(tempfile.mkdtemp(prefix="kdg-test-stack-")))
+        layout = _LAYOUTS[name](Path(tempfile.mkdtemp(prefix=f"kdg-test-{name.replace('_', '-')}-")))
         try:
             cluster.up(layout, echo=lambda *a: None)
         except KdgError:
@@ -170,7 +171,27 @@ def stack() -> StackLayout:
             raise
         return {"state_dir": str(layout.state_dir)}
 
-    return _session_layout(Path(_shared().get("stack", start)["state_dir"]))
+    return _LAYOUTS[name](Path(_shared().get(name, start)["state_dir"]))
+
+
+@pytest.fixture(scope="session")
+def session_stack() -> StackLayout:
+    """The stack every test shares (module-scoped fixtures use it by this name)."""
+    return _shared_stack("stack")
+
+
+@pytest.fixture(scope="session")
+def fault_stack() -> StackLayout:
+    """The stack only ``disrupts_stack`` tests use, one at a time: their broker kills and Postgres restarts
+    reach no other test."""
+    return _shared_stack("fault_stack")
+
+
+@pytest.fixture
+def stack(request) -> StackLayout:
+    """The session stack, or the fault stack for a test marked ``disrupts_stack``."""
+    disrupts = request.node.get_closest_marker("disrupts_stack") is not None
+    return request.getfixturevalue("fault_stack" if disrupts else "session_stack")
 
 
 @pytest.fixture(scope="session")
@@ -191,7 +212,7 @@ def external_pg() -> str:
     return _shared().get("external_pg", start)["dsn"]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def conn(stack) -> Connection:
     return Connection(bootstrap_servers=stack.bootstrap_servers, pg_dsn=stack.pg_dsn)
 
@@ -217,9 +238,9 @@ def _kdg_env(stack: StackLayout, env: dict | None) -> dict:
             "KDG_STATE_DIR": str(stack.state_dir), **(env or {})}
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def kdg_spawn(stack):
-    """Start the real `kdg` command line against the test stack and return at once: a ``Popen`` with
+    """Start the real `kdg` command line against the test's stack and return at once: a ``Popen`` with
     text stdout and stderr pipes (the caller waits, signals or kills it)."""
 
     def spawn(*args, env: dict | None = None) -> subprocess.Popen:
@@ -229,10 +250,7 @@ def kdg_spawn(stack):
     return spawn
 
 
-@pytest.fixture(scope="session")
-def kdg(stack):
-    """Run the real `kdg` command line against the test stack: ``kdg("audit", topic, env=…)``."""
-
+def _kdg_runner(stack: StackLayout):
     def run(*args, env: dict | None = None, check: bool = True, stdin: str | None = None, timeout: float = 300):
         proc = subprocess.run([sys.executable, "-m", "kdg", *map(str, args)], capture_output=True, text=True,
                               env=_kdg_env(stack, env), input=stdin, timeout=timeout)
@@ -241,6 +259,18 @@ def kdg(stack):
         return proc
 
     return run
+
+
+@pytest.fixture
+def kdg(stack):
+    """Run the real `kdg` command line against the test's stack: ``kdg("audit", topic, env=…)``."""
+    return _kdg_runner(stack)
+
+
+@pytest.fixture(scope="session")
+def session_kdg(session_stack):
+    """``kdg`` on the session stack, for module-scoped fixtures."""
+    return _kdg_runner(session_stack)
 
 
 def as_json(proc) -> dict:

@@ -204,10 +204,10 @@ ROWS = [
 
 
 @pytest.fixture(scope="module")
-def src(kdg) -> str:
+def src(session_kdg) -> str:
     """A 1-partition topic with 5 records (no transaction markers) and no ledger: every row must leave it unread."""
     name = f"bad-src-{uuid.uuid4().hex[:8]}"
-    kdg("produce", name, "-g", "at-least-once", "--count", "5", "--partitions", "1", "--no-ledger")
+    session_kdg("produce", name, "-g", "at-least-once", "--count", "5", "--partitions", "1", "--no-ledger")
     return name
 
 

@@ -25,8 +25,8 @@ def dsn(external_pg):
 
 
 @pytest.fixture(scope="module")
-def migrated(kdg, dsn) -> str:
-    run(kdg, dsn, "db", "migrate", "--pg-dsn", dsn)
+def migrated(session_kdg, dsn) -> str:
+    run(session_kdg, dsn, "db", "migrate", "--pg-dsn", dsn)
     return dsn
 
 

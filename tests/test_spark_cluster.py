@@ -31,16 +31,16 @@ APP_NAME = "kdg spark-replay"
 
 
 @pytest.fixture(scope="module")
-def spark(stack):
+def spark(session_stack):
     """A master and 2 workers (1 core, 1 GiB each) beside the session stack; gone again, files and all, after."""
     try:
-        spark_cluster.up(stack, 2, echo=lambda *a: None)
+        spark_cluster.up(session_stack, 2, echo=lambda *a: None)
     except KdgError as exc:
-        spark_cluster.down(stack)
+        spark_cluster.down(session_stack)
         pytest.fail(f"could not start the Spark cluster: {exc}", pytrace=False)
-    yield stack
-    spark_cluster.down(stack)
-    spark_cluster.purge(stack)  # the session stack has no Spark part again
+    yield session_stack
+    spark_cluster.down(session_stack)
+    spark_cluster.purge(session_stack)  # the session stack has no Spark part again
 
 
 def _apps(layout: StackLayout) -> dict[str, dict]:

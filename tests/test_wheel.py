@@ -46,12 +46,12 @@ def installed(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def fresh_db(stack) -> str:
+def fresh_db(session_stack) -> str:
     """A new, empty database on the test stack's Postgres; its DSN. Dropped afterwards."""
     name = f"kdg_wheel_{uuid.uuid4().hex[:8]}"
-    asyncio.run(_admin(stack.pg_dsn, f"CREATE DATABASE {name}"))
-    yield urlunsplit(urlsplit(stack.pg_dsn)._replace(path=f"/{name}"))
-    asyncio.run(_admin(stack.pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+    asyncio.run(_admin(session_stack.pg_dsn, f"CREATE DATABASE {name}"))
+    yield urlunsplit(urlsplit(session_stack.pg_dsn)._replace(path=f"/{name}"))
+    asyncio.run(_admin(session_stack.pg_dsn, f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
 
 
 async def _admin(dsn: str, statement: str) -> None:
