@@ -3,6 +3,9 @@
 Each guarantee test also shows the weaker guarantee's anomaly, so the fault is known to be real.
 """
 
+import os
+import subprocess
+import sys
 import uuid
 
 import pytest
@@ -188,3 +191,26 @@ def test_records_deleted_from_the_log_are_named_not_skipped(kdg, conn):
     assert proc.returncode == 2 and "no longer in the log" in proc.stderr and "starts at 40" in proc.stderr
     report = as_json(_replay(kdg, topic, "-g", "exactly-once", "--table", _table()))  # earliest = 40
     assert report["rows_read"] == 60 and report["partitions"] == {"0": {"from": 40, "to": 100}}
+
+
+_MAPPED = """
+import sys
+from pyspark import SparkContext
+from kdg.spark.classes import archive_path
+from kdg.spark.session import spark_session
+with spark_session("local[1]", task_retries=False, echo=lambda *a: None) as run:
+    maps = open(f"/proc/{SparkContext._gateway.proc.pid}/maps").read()
+    print(str(archive_path()) in maps)
+"""
+
+
+@pytest.mark.stack  # a Spark JVM: not in the pure tier
+def test_the_driver_jvm_maps_the_class_archive_that_stack_fetch_made(kdg):
+    """`kdg stack fetch` makes Spark's class archive (kdg.spark.classes), and a Spark session's JVM really maps
+    it: a JVM that refused it (another class path, another Java) would start as slowly as before, silently."""
+    fetched = kdg("stack", "fetch")
+    assert "Spark class archive in " in fetched.stdout, fetched.stdout
+    for env, mapped in (({}, "True"), ({"KDG_SPARK_CLASS_ARCHIVE": "off"}, "False")):
+        proc = subprocess.run([sys.executable, "-c", _MAPPED], capture_output=True, text=True, timeout=300,
+                              env={**os.environ, **env})
+        assert proc.stdout.strip().splitlines()[-1:] == [mapped], (env, proc.stdout, proc.stderr[-2000:])

@@ -7,7 +7,7 @@ from rich.table import Table
 
 from kdg.cli.options import Json, StateDir
 from kdg.cli.render import console, err_console, flag, print_json
-from kdg.errors import CheckFailed
+from kdg.errors import CheckFailed, DeliveryError
 
 app = typer.Typer(help="Start, inspect and stop the local Kafka + Postgres stack (no Docker needed).",
                   no_args_is_help=True)
@@ -104,7 +104,9 @@ def down(
 
 @app.command()
 def fetch() -> None:
-    """Download the pinned Kafka jars and Spark's Kafka connector into the cache (done on first use otherwise)."""
+    """Download the pinned Kafka jars and Spark's Kafka connector into the cache (done on first use otherwise), and
+    make Spark's class archive, with which a Spark command's JVM starts faster (made here only)."""
+    from kdg.spark import classes
     from kdg.spark.jars import spark_jars, spark_lib_dir
     from kdg.stack.jars import ensure_kafka_jars, require_java
 
@@ -112,6 +114,10 @@ def fetch() -> None:
     console.print(f"Kafka jars in {ensure_kafka_jars(err_console.print)}")
     spark_jars(err_console.print)
     console.print(f"Spark connector jars in {spark_lib_dir()}")
+    try:
+        console.print(f"Spark class archive in {classes.build(err_console.print)}")
+    except DeliveryError as exc:  # an archive only makes Spark start sooner
+        err_console.print(f"warning: {exc}; Spark commands start without it")
 
 
 @app.command()

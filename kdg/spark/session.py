@@ -28,6 +28,7 @@ from typing import Callable
 import kdg
 from kdg.errors import UsageError
 from kdg.paths import default_state_dir, resource_path
+from kdg.spark import classes
 from kdg.spark.jars import spark_jars
 from kdg.stack.jars import require_java
 
@@ -114,8 +115,12 @@ class SparkRun:
 
 
 def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | None = None,
-                  echo: Callable[[str], None] = print, app: str = "kdg spark-replay") -> SparkRun:
+                  echo: Callable[[str], None] = print, app: str = "kdg spark-replay",
+                  java_options: str | None = None) -> SparkRun:
     """Start Spark for one job: ``with spark_session("local[*]", task_retries=True) as run: run.spark…``
+
+    The driver JVM maps Spark's class archive when there is one (:mod:`kdg.spark.classes`); ``java_options``
+    replaces that option.
 
     The driver's UI listens on 127.0.0.1 only (Spark binds it to ``SPARK_LOCAL_IP``, else every interface),
     unless ``SPARK_LOCAL_IP`` is set or the master is YARN or Kubernetes (see :func:`_driver_addresses`)."""
@@ -130,7 +135,8 @@ def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | Non
         "spark.task.maxFailures": str(TASK_ATTEMPTS if task_retries else 1),
         "spark.sql.mapKeyDedupPolicy": "LAST_WIN",   # repeated header names: last wins, as in consume
         "spark.ui.showConsoleProgress": "false",     # kdg draws its own progress
-        "spark.driver.extraJavaOptions": f'-Dlog4j2.configurationFile="{log4j}" -Dkdg.spark.log="{log}"',
+        "spark.driver.extraJavaOptions": f'-Dlog4j2.configurationFile="{log4j}" -Dkdg.spark.log="{log}" '
+                                         + (classes.java_options() if java_options is None else java_options),
     }
     if _LOOPBACK.match(master.strip()):  # executors on this machine reach the driver where the master is
         settings |= {"spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"}
