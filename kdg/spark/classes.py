@@ -68,18 +68,22 @@ def build(echo=print, timeout: float = 600) -> Path:
     path = archive_path()
     if path.is_file():
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _forget_stale(path.parent)
     partial = path.with_name(f"{path.stem}.{os.getpid()}.partial")
     echo("making Spark's class archive (once per Java and PySpark install; about a minute)")
-    proc = subprocess.run([sys.executable, "-m", "kdg.spark.classes", str(partial)], capture_output=True,
-                          text=True, timeout=timeout)
-    if proc.returncode != 0 or not partial.is_file() or partial.stat().st_size < _MIN_BYTES:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _forget_stale(path.parent)
+        proc = subprocess.run([sys.executable, "-m", "kdg.spark.classes", str(partial)], capture_output=True,
+                              text=True, timeout=timeout)
+        if proc.returncode != 0 or not partial.is_file() or partial.stat().st_size < _MIN_BYTES:
+            lines = (proc.stderr or proc.stdout).strip().splitlines()
+            raise DeliveryError(f"could not make Spark's class archive: {lines[-1] if lines else 'no output'}")
+        os.replace(partial, path)
+        path.with_suffix(".json").write_text(json.dumps({"jars": str(_jars_dir()), "archive": path.name}))
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise DeliveryError(f"could not make Spark's class archive in {path.parent}: {exc}") from None
+    finally:
         partial.unlink(missing_ok=True)
-        lines = (proc.stderr or proc.stdout).strip().splitlines()
-        raise DeliveryError(f"could not make Spark's class archive: {lines[-1] if lines else 'no output'}")
-    os.replace(partial, path)
-    path.with_suffix(".json").write_text(json.dumps({"jars": str(_jars_dir()), "archive": path.name}))
     return path
 
 
