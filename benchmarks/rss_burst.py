@@ -3,6 +3,8 @@
     python benchmarks/rss_burst.py            # the default allocator
     python benchmarks/rss_burst.py malloc     # PYTHONMALLOC=malloc, for comparison
     python benchmarks/rss_burst.py typed      # the typed sink, with the soak's columns
+    python benchmarks/rss_burst.py alo        # at-least-once into a generic table (the soak's control)
+    python benchmarks/rss_burst.py kafka      # exactly-once into another topic (the soak's kafka:OUT member)
 
 An exactly-once consumer into a generic table (kdg_events' shape), or the soak's typed table, idles, then takes 4 bursts of 5,000 records of 200 B,
 each there at once when it wakes (it is stopped meanwhile, as the soak's pause fault does). The step after the first burst is the memory of one
@@ -45,14 +47,18 @@ def breakdown(pid: int) -> str:
 
 
 def main(mode: str) -> None:
-    env = dict(os.environ, **({"PYTHONMALLOC": "malloc"} if "malloc" in mode else {}))
+    env = dict(os.environ, **({"PYTHONMALLOC": "malloc"} if "malloc" in mode.split() else {}))
+
     topic = f"rss-{uuid.uuid4().hex[:6]}"
     kdg = [PY, "-m", "kdg"]
     subprocess.run([*kdg, "produce", topic, "--count", "10", "-g", "at-least-once", "--json"], capture_output=True,
                    check=True)
     typed = ["--create-table", *[a for col in COLUMNS for a in ("--column", col)]] if "typed" in mode else []
-    consumer = subprocess.Popen([*kdg, "consume", topic, "-G", f"g-{topic}", "-g", "exactly-once", "--table",
-                                 f"rss_{topic[4:]}", *typed, "--json"], env=env, stdout=subprocess.DEVNULL,
+    words = mode.split()
+    guarantee = "at-least-once" if "alo" in words else "exactly-once"
+    sink = ["--sink", f"kafka:{topic}-out"] if "kafka" in words else ["--table", f"rss_{topic[4:]}"]
+    consumer = subprocess.Popen([*kdg, "consume", topic, "-G", f"g-{topic}", "-g", guarantee, *sink,
+                                 *typed, "--json"], env=env, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL)
     try:
         time.sleep(25)

@@ -15,6 +15,7 @@ from kdg.kafka.consumer import KdgConsumer, StartOffset
 from kdg.keys import KeyResolver
 from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
 from kdg.mapping import Mapping
+from kdg.memory import CalmCollector
 from kdg.metrics import Metrics
 from kdg.offsets import OffsetProtocol, TopicEnd
 from kdg.records import Record
@@ -245,6 +246,7 @@ def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metr
 def _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics) -> None:
     started = last_data = time.monotonic()
     shutdown = req.shutdown
+    calm = CalmCollector()
     try:
         while True:
             if shutdown.requested:  # read between client calls: what is being written ends, and is committed
@@ -259,12 +261,14 @@ def _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics) 
             if req.count is not None:
                 want = min(want, req.count - report.consumed - sink.records_in_flight)
             msgs = consumer.poll_batch(want, req.batch_ms / 1000) if want > 0 else []
-            got = bool(msgs)
+            got, n = bool(msgs), len(msgs)
             if got:
                 last_data = time.monotonic()
                 _handle(msgs, req, policy, resolver, offsets, sink, report, metrics)
             elif sink.records_in_flight:  # idle: account for what finished writing meanwhile
                 _settle(sink.collect(), req, offsets, sink, report, metrics)
+            # caught up (a poll short of a full batch, none being written): what the burst pinned is let go
+            calm.turned(n, busy=n >= req.batch_size or sink.records_in_flight >= req.batch_size)
             for skipped in _maintain(req, offsets, sink, report, metrics):  # busy or idle: claims expire either way
                 req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
             stop = _stop_reason(req, got, end, report, last_data, sink.records_in_flight)

@@ -84,3 +84,22 @@ def test_stamp_adds_a_key_and_a_sequence_only_when_missing():
     key, seq = _stamp(odd, 5, id_maker("k-{seq}"))
     assert (key, seq) == ("k-5", 5)  # a None id is no id; a bad sequence keeps the record's position
     assert odd.headers[-1] == ("kdg-id", b"k-5") and len(odd.headers) == 3
+
+
+def test_calm_collector_collects_once_a_burst_has_passed(monkeypatch):
+    """A full collection only after a burst, only once the loop caught up, and at most every `every_s`."""
+    import gc
+
+    from kdg.memory import CalmCollector
+
+    runs = []
+    monkeypatch.setattr(gc, "collect", lambda *a: runs.append(now[0]) or 0)
+    now = [0.0]
+    calm = CalmCollector(records=100, every_s=30, clock=lambda: now[0])
+    assert not calm.turned(60, busy=False)           # not a burst yet
+    assert not calm.turned(60, busy=True)            # a burst, but still catching up
+    assert calm.turned(3, busy=False) and runs == [0.0]
+    assert not calm.turned(500, busy=False)          # another burst within 30 s: waits
+    now[0] = 31.0
+    assert calm.turned(0, busy=False) and runs == [0.0, 31.0]
+    assert not calm.turned(0, busy=False)            # nothing since
