@@ -88,7 +88,7 @@ WITH led AS (SELECT l.idempotency_key, bool_or(l.status <> 'failed') AS ok, min(
                     bool_or(($3::timestamptz IS NULL OR l.recorded_at >= $3)
                             AND ($4::timestamptz IS NULL OR l.recorded_at < $4)) AS inside,
                     min(extract(epoch FROM l.recorded_at) * 1000)::bigint AS t
-             FROM kdg_ledger l LEFT JOIN kdg_audit_pos pos ON pos."partition" = l."partition"
+             FROM kdg_ledger_keys l LEFT JOIN kdg_audit_pos pos ON pos."partition" = l."partition"
              WHERE l.topic = $1 GROUP BY l.idempotency_key),
      got AS ({got}),
      arg AS (SELECT $7::text AS sink_arg),  -- typed here, so a got query may use $7 or not

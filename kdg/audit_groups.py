@@ -26,7 +26,7 @@ GIVE_UP_AFTER_S = 30  # a group coordinator still loading after a restart answer
 # Per partition, how many acknowledged ledger rows the positions $2/$3 have passed (as the audit's
 # ``passed`` counts them); two groups with the same answer call the same records lost.
 _PASSED = """SELECT pos.p, count(*) AS n FROM unnest($2::int[], $3::bigint[]) AS pos(p, o)
-             JOIN kdg_ledger l ON l.topic = $1 AND l."partition" = pos.p AND l.status <> 'failed'
+             JOIN kdg_ledger_keys l ON l.topic = $1 AND l."partition" = pos.p AND l.status <> 'failed'
                               AND (l."offset" IS NULL OR l."offset" < pos.o)
              GROUP BY pos.p"""
 

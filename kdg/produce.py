@@ -69,7 +69,8 @@ class ProduceReport:
 
 
 class _Outcomes:
-    """What became of the records sent: counted in the report and, with the ledger, a row each in Postgres.
+    """What became of the records sent: counted in the report and, with the ledger, written to Postgres (a row
+    per record, or one per run of records whose keys the ledger can rebuild: :meth:`_record`).
 
     A delivered record is 'acked' (with its partition and offset) when ``confirms`` (the policy's
     ``confirms_delivery``: a broker answered), else only 'sent' (acks=0: no answer is ever expected);
@@ -79,10 +80,11 @@ class _Outcomes:
     """
 
     def __init__(self, report: ProduceReport, ledger: "LedgerWriter | None", run_id, topic: str, confirms: bool,
-                 metrics: Metrics):
+                 metrics: Metrics, keys=None):
         self.report, self.ledger, self.run_id, self.topic, self.confirms = report, ledger, run_id, topic, confirms
-        self.metrics = metrics
+        self.metrics, self.keys = metrics, keys  # keys: the run's id maker (kdg.records.id_maker), for ranges
         self.rows: list[tuple] = []
+        self.runs: dict[int, list] = {}  # per partition, the run of records whose row is not made yet
         self.due = time.monotonic() + LEDGER_FLUSH_S  # when the rows are written, full batch or not
         self._shown = (0, 0, 0, 0, 0)  # what the metrics were last told: sent, acked, failed, transactions, aborts
 
@@ -123,22 +125,52 @@ class _Outcomes:
             self.report.errors[name] = self.report.errors.get(name, 0) + n
 
     def _record(self, deliveries: list[tuple]) -> None:
-        run_id, topic, confirms, rows = self.run_id, self.topic, self.confirms, self.rows
+        """Count ``deliveries`` and make their ledger rows: a run of delivered records whose keys the maker can
+        rebuild (see :class:`kdg.records.Uuid7Maker`), at consecutive sequences and offsets of one partition,
+        is one row (``seq_count`` of them); every other record is a row of its own, as is every failure."""
+        run_id, topic, confirms, rows, runs = self.run_id, self.topic, self.confirms, self.rows, self.runs
         status = "acked" if confirms else "sent"
+        head_of = self.keys.head_of if self.keys is not None and self.keys.form is not None else None
         errors: Counter = Counter()
         for key, seq, partition, offset, error, reason in deliveries:
-            if error is None:
-                rows.append((run_id, key, topic, seq, status, partition, offset if confirms else None, None))
-            else:
+            if error is not None:
                 errors[error] += 1
-                rows.append((run_id, key, topic, seq, "failed", None, None, reason))
+                rows.append((run_id, key, topic, seq, "failed", None, None, reason, None, None, None))
+                continue
+            if not confirms:
+                offset = None
+            run = runs.get(partition)
+            head = head_of(key, seq) if head_of is not None else None
+            if run is not None:
+                if head is not None and seq == run[5] and head == run[0] and (offset is None or offset == run[6]):
+                    run[5], run[6] = seq + 1, None if offset is None else offset + 1
+                    continue
+                self._close(run)
+            if head is None:
+                rows.append((run_id, key, topic, seq, status, partition, offset, None, None, None, None))
+                runs.pop(partition, None)
+            else:  # head, first seq, partition, first offset, first key, next seq, next offset
+                runs[partition] = [head, seq, partition, offset, key, seq + 1, None if offset is None else offset + 1]
         failed = sum(errors.values())
         self._count(len(deliveries) - failed, failed, errors)
         if len(rows) >= LEDGER_BATCH or time.monotonic() >= self.due:
             self._write()
 
+    def _close(self, run: list) -> None:
+        """The ledger row of a run of records (one record: its key written whole)."""
+        head, seq, partition, offset, key, after, _ = run
+        n, status = after - seq, "acked" if self.confirms else "sent"
+        if n == 1:
+            self.rows.append((self.run_id, key, self.topic, seq, status, partition, offset, None, None, None, None))
+        else:
+            self.rows.append((self.run_id, head, self.topic, seq, status, partition, offset, None, n,
+                              self.keys.form, self.keys.suffix))
+
     def _write(self) -> None:
         self.due = time.monotonic() + LEDGER_FLUSH_S
+        for run in self.runs.values():  # a run ends where a write does: each row is whole when written
+            self._close(run)
+        self.runs.clear()
         if self.ledger is not None and self.rows:
             self.ledger.write(self.rows)
             self.rows = []
@@ -217,8 +249,9 @@ def _produce(req: ProduceRequest, policy, run_id, report: ProduceReport, metrics
             store.close()
             raise
         ledger = LedgerWriter(store)  # COPYs on its own thread until closed
-    outcomes = _Outcomes(report, ledger, run_id, req.topic, confirms=policy.confirms_delivery, metrics=metrics)
     make_id = id_maker(req.id_template)
+    outcomes = _Outcomes(report, ledger, run_id, req.topic, confirms=policy.confirms_delivery, metrics=metrics,
+                         keys=make_id)
     started = time.monotonic()
     metrics.not_ready = None
     try:

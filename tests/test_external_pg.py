@@ -79,7 +79,7 @@ def test_round_trip_into_a_schema_qualified_table_balances(kdg, migrated, stack,
         assert store.fetchval("SELECT to_regclass('app.events') IS NOT NULL")
         assert store.fetchval("SELECT to_regclass('public.kdg_ledger') IS NOT NULL")
         assert store.fetchval('SELECT count(*) FROM app.events WHERE topic = $1', topic) == 3000
-        assert store.fetchval("SELECT count(*) FROM kdg_ledger WHERE topic = $1", topic) == 3000
+        assert store.fetchval("SELECT count(*) FROM kdg_ledger_keys WHERE topic = $1", topic) == 3000
         if guarantee == "exactly-once":
             assert store.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = 'app.events' AND topic = $1",
                                   topic) == 3000

@@ -57,7 +57,7 @@ def test_sort_refuses_a_keyless_record_when_keys_are_required():
         _sort([_msg(2, 5)], KeyResolver(None), req, must_have_key=True)
 
 
-@pytest.mark.parametrize("make", [uuid7, Uuid7Maker(keys_per_block=100)], ids=["one-off", "maker, many blocks"])
+@pytest.mark.parametrize("make", [uuid7, Uuid7Maker()], ids=["one-off", "maker"])
 def test_uuid7_is_a_version_7_uuid_ordered_by_time(make):
     before = time.time_ns() // 1_000_000
     keys = [make() for _ in range(20_000)]
@@ -103,3 +103,52 @@ def test_calm_collector_collects_once_a_burst_has_passed(monkeypatch):
     now[0] = 31.0
     assert calm.turned(0, busy=False) and runs == [0.0, 31.0]
     assert not calm.turned(0, busy=False)            # nothing since
+
+
+def _expand(row: tuple) -> list[tuple]:
+    """A ledger row as the records it stands for, as ``kdg_ledger_keys`` expands it (006_ledger_ranges.sql)."""
+    run_id, key, topic, seq, status, partition, offset, error, n, form, suffix = row
+    if n is None:
+        return [(key, seq, status, partition, offset, error)]
+    made = (lambda s: key + "%08x" % s) if form == "x8" else (lambda s: f"{key}{s}{suffix or ''}")
+    return [(made(s), s, status, partition, None if offset is None else offset + s - seq, error)
+            for s in range(seq, seq + n)]
+
+
+@pytest.mark.parametrize("template", [None, "order-{seq}-x", "o-{seq:05d}"], ids=["uuid7", "template", "formatted"])
+@pytest.mark.parametrize("confirms", [True, False], ids=["acked", "sent"])
+def test_ledger_runs_stand_for_exactly_the_records_they_replace(template, confirms):
+    """Delivery reports as they arrive (partitions interleaved; an offset taken by another producer; a
+    refusal; a key from the input; a sequence from the input) make fewer rows, which expand to exactly the
+    rows one per record would be."""
+    from kdg.metrics import Metrics
+    from kdg.produce import ProduceReport, _Outcomes
+
+    make = id_maker(template)
+    reports, expected, offsets = [], [], {0: 100, 1: 7}
+    for seq in range(400):
+        partition = (seq // 40) % 2  # runs of 40, as a sticky partitioner sends them
+        key = "from-the-input" if seq == 57 else make(seq)
+        if seq == 120:
+            offsets[partition] += 1  # another producer's record (or a transaction marker) in between
+        if seq % 97 == 5:
+            reports.append((key, seq, None, None, "MSG_SIZE_TOO_LARGE", "too large"))
+            expected.append((key, seq, "failed", None, None, "too large"))
+            continue
+        at = 10_000 + seq if seq == 300 else seq  # a kdg-seq header of its own: not the key's sequence
+        reports.append((key, at, partition, offsets[partition], None, None))
+        expected.append((key, at, "acked" if confirms else "sent", partition,
+                         offsets[partition] if confirms else None, None))
+        offsets[partition] += 1
+    outcomes = _Outcomes(ProduceReport("at-least-once", "t", "r"), None, "run", "t", confirms, Metrics("produce", "g"),
+                         keys=make)
+    outcomes.due = float("inf")
+    for at in range(0, 400, 64):  # reports are taken in chunks; a run goes on across them
+        outcomes._record(reports[at:at + 64])
+    outcomes._write()
+    expanded = [r for row in outcomes.rows for r in _expand(row)]
+    assert sorted(expanded, key=lambda r: r[1]) == sorted(expected, key=lambda r: r[1])
+    if make.form is None:
+        assert len(outcomes.rows) == 400
+    else:
+        assert len(outcomes.rows) < 40, outcomes.rows  # ~10 runs of 40, split where the list above says

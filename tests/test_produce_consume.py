@@ -2,6 +2,8 @@
 
 import json
 import re
+import signal
+import time
 import uuid
 from pathlib import Path
 
@@ -157,13 +159,17 @@ def test_only_records_the_brokers_acknowledged_count_when_some_deliveries_fail(k
     One record per request (-X batch.num.messages=1), so a refused record takes no other with it. The
     ledger holds every acked record at the partition and offset it has in the topic, and the others as
     failed; without the ledger the report's counts still add up to what landed.
+
+    With the ledger, every record goes to one partition, so the acked ones between two refusals sit at
+    consecutive offsets: the ledger stores each such run as one row (a range), and a refused record,
+    which takes no offset, ends one range and starts the next.
     """
     from kdg.store.pg import Store
 
     topic = f"t-{uuid.uuid4().hex[:10]}"
     stdin, too_large = _some_too_large(conn, topic)
     proc = kdg("produce", topic, "-g", "at-least-once", "--id", f"{topic}-{{seq}}", "-X", "batch.num.messages=1",
-               "--json", *([] if ledger else ["--no-ledger"]), stdin=stdin, check=False)
+               "--json", *(["-p", "1"] if ledger else ["--no-ledger"]), stdin=stdin, check=False)
     assert proc.returncode == 7, proc.stderr  # some records were not delivered
     report = as_json(proc)
     landed = _landed(kdg, topic)
@@ -171,17 +177,55 @@ def test_only_records_the_brokers_acknowledged_count_when_some_deliveries_fail(k
     assert (report["sent"], report["acked"], report["failed"], report["unconfirmed"]) == (300, 270, 30, 0)
     assert report["errors"] == {"MSG_SIZE_TOO_LARGE": 30}
     with Store(conn.pg_dsn) as store:
-        rows = store.fetch("""SELECT idempotency_key, status, "partition", "offset", error FROM kdg_ledger
+        rows = store.fetch("""SELECT idempotency_key, status, "partition", "offset", error FROM kdg_ledger_keys
                               WHERE topic = $1""", topic)
+        stored = store.fetch("""SELECT seq, seq_count, key_form, status FROM kdg_ledger WHERE topic = $1""", topic)
     if not ledger:
-        assert rows == []
+        assert rows == [] and stored == []
         return
     assert len(rows) == 300 and len({r["idempotency_key"] for r in rows}) == 300
     acked = {r["idempotency_key"]: (r["partition"], r["offset"]) for r in rows if r["status"] == "acked"}
-    assert acked == landed
+    assert acked == landed  # offset for offset
     failed = [r for r in rows if r["status"] == "failed"]
     assert {r["idempotency_key"] for r in failed} == too_large
     assert all(r["partition"] is None and r["offset"] is None and r["error"] for r in failed)
+    ranges = [r for r in stored if r["seq_count"] is not None]
+    assert ranges and all(r["status"] == "acked" and r["key_form"] == "d" for r in ranges)
+    assert len(stored) < 100, f"{len(stored)} ledger rows for 300 records: runs were not stored as ranges"
+    refused = {i for i in range(300) if i % 10 == 3}
+    for r in ranges:  # none spans a refusal; each refusal is a row of its own
+        assert not refused & set(range(r["seq"], r["seq"] + r["seq_count"])), dict(r)
+    assert sorted(r["seq"] for r in stored if r["status"] == "failed") == sorted(refused)
+
+
+def test_ledger_ranges_of_a_killed_producer_match_the_topic_offset_for_offset(kdg, kdg_spawn, conn):
+    """A producer SIGKILLed mid-run: every record its ledger holds, runs expanded (kdg_ledger_keys), is in the
+    topic with that key at that partition and offset. Records sent after its last ledger write are in the topic
+    only; the ledger never claims one that is not there."""
+    from kdg.store.pg import Store
+
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    proc = kdg_spawn("produce", topic, "-g", "at-least-once", "--count", 1_000_000, "--rate", 20_000, "--json")
+    try:
+        with Store(conn.pg_dsn) as store:
+            deadline = time.monotonic() + 60
+            while (store.fetchval("SELECT coalesce(sum(coalesce(seq_count, 1)), 0) FROM kdg_ledger WHERE topic = $1",
+                                  topic) < 20_000 and proc.poll() is None and time.monotonic() < deadline):
+                time.sleep(0.2)
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, "the producer ended before it was killed"
+    with Store(conn.pg_dsn) as store:
+        ledger = {r["idempotency_key"]: (r["partition"], r["offset"]) for r in store.fetch(
+            """SELECT idempotency_key, "partition", "offset" FROM kdg_ledger_keys WHERE topic = $1
+               AND status = 'acked'""", topic)}
+        rows, ranges = store.fetch("SELECT count(*), count(seq_count) FROM kdg_ledger WHERE topic = $1", topic)[0]
+    landed = _landed(kdg, topic)
+    assert len(ledger) >= 20_000
+    assert {k: landed.get(k) for k in ledger} == ledger  # offset for offset
+    assert len(landed) > len(ledger), "nothing was sent after the last ledger write: the kill came too late"
+    assert ranges and rows < len(ledger) / 20, f"{rows} rows for {len(ledger)} records: no ranges"
 
 
 def test_at_most_once_counts_refused_records_as_sent(kdg, conn):
@@ -197,7 +241,7 @@ def test_at_most_once_counts_refused_records_as_sent(kdg, conn):
     assert report["sent"] == 300 and report["acked"] == 0 and report["unconfirmed"] + report["failed"] == 300
     with Store(conn.pg_dsn) as store:
         sent = {r["idempotency_key"] for r in store.fetch(
-            "SELECT idempotency_key FROM kdg_ledger WHERE topic = $1 AND status = 'sent'", topic)}
+            "SELECT idempotency_key FROM kdg_ledger_keys WHERE topic = $1 AND status = 'sent'", topic)}
     assert len(sent) == report["unconfirmed"]
     assert sent - set(landed), "every record counted as sent landed: the refusals were not exercised"
 

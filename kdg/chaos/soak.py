@@ -161,7 +161,8 @@ class Soak:
             return None if ms is None else datetime.fromtimestamp(ms / 1000, timezone.utc)
 
         with Store(self.layout.pg_dsn) as store:
-            ms = store.fetchval("SELECT max(kdg_key_ms(idempotency_key)) FROM kdg_ledger WHERE topic = $1", self.topic)
+            ms = store.fetchval("SELECT max(kdg_key_ms(CASE key_form WHEN 'x8' THEN idempotency_key || '00000000' "
+                                "ELSE idempotency_key END)) FROM kdg_ledger WHERE topic = $1", self.topic)  # a run: its head
             return utc(ms), utc(store.ledger_window().horizon_ms)
 
     def audit_due(self, final: bool = False) -> None:

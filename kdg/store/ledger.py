@@ -17,7 +17,9 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:  # pg.py mixes LedgerMixin into Store: importing it here at run time would be a cycle
     from kdg.store.pg import Store
 
-LEDGER_COLUMNS = ("run_id", "idempotency_key", "topic", "seq", "status", "partition", "offset", "error")
+# a row is one record, or (seq_count, key_form, key_suffix set) a run of them: 006_ledger_ranges.sql
+LEDGER_COLUMNS = ("run_id", "idempotency_key", "topic", "seq", "status", "partition", "offset", "error",
+                  "seq_count", "key_form", "key_suffix")
 
 
 class LedgerMixin:
@@ -37,9 +39,12 @@ class LedgerMixin:
             run_id, json.dumps(summary)))
 
     def copy_ledger(self, rows: list[tuple]) -> None:
-        if rows and time.monotonic() >= self._ledger_due:
+        """COPY ledger rows, each of :data:`LEDGER_COLUMNS` or (one record each) of its first eight."""
+        if not rows:
+            return
+        if time.monotonic() >= self._ledger_due:
             self.ledger_upkeep()
-        self.copy_rows("kdg_ledger", rows, LEDGER_COLUMNS)
+        self.copy_rows("kdg_ledger", rows, LEDGER_COLUMNS[:len(rows[0])])
 
     def ledger_upkeep(self) -> None:
         """Partitions for the rows about to be written (now and the next width, on the server's clock, which
