@@ -127,10 +127,14 @@ class _Outcomes:
     def _record(self, deliveries: list[tuple]) -> None:
         """Count ``deliveries`` and make their ledger rows: a run of delivered records whose keys the maker can
         rebuild (see :class:`kdg.records.Uuid7Maker`), at consecutive sequences and offsets of one partition,
-        is one row (``seq_count`` of them); every other record is a row of its own, as is every failure."""
+        is one row (``seq_count`` of them); every other record is a row of its own, as is every failure.
+
+        Per record this runs once, so a record that extends its partition's run is checked inline: the next
+        sequence, the next offset, and the key being the run's head followed by that sequence."""
         run_id, topic, confirms, rows, runs = self.run_id, self.topic, self.confirms, self.rows, self.runs
         status = "acked" if confirms else "sent"
-        head_of = self.keys.head_of if self.keys is not None and self.keys.form is not None else None
+        form = self.keys.form if self.keys is not None else None
+        hex8, suffix = form == "x8", self.keys.suffix if form == "d" else ""
         errors: Counter = Counter()
         for key, seq, partition, offset, error, reason in deliveries:
             if error is not None:
@@ -139,17 +143,21 @@ class _Outcomes:
                 continue
             if not confirms:
                 offset = None
-            run = runs.get(partition)
-            head = head_of(key, seq) if head_of is not None else None
+            run = runs.get(partition)  # [head, first seq, partition, first offset, first key, next seq, next offset]
             if run is not None:
-                if head is not None and seq == run[5] and head == run[0] and (offset is None or offset == run[6]):
-                    run[5], run[6] = seq + 1, None if offset is None else offset + 1
+                if (seq == run[5] and offset == run[6] and key.startswith(run[0])
+                        and len(key) == len(run[0]) + len(tail := "%08x" % seq if hex8 else f"{seq}{suffix}")
+                        and key.endswith(tail) and (not hex8 or seq <= 0xFFFF_FFFF)):
+                    run[5] = seq + 1
+                    if offset is not None:
+                        run[6] = offset + 1
                     continue
                 self._close(run)
+            head = self.keys.head_of(key, seq) if form is not None else None
             if head is None:
                 rows.append((run_id, key, topic, seq, status, partition, offset, None, None, None, None))
                 runs.pop(partition, None)
-            else:  # head, first seq, partition, first offset, first key, next seq, next offset
+            else:
                 runs[partition] = [head, seq, partition, offset, key, seq + 1, None if offset is None else offset + 1]
         failed = sum(errors.values())
         self._count(len(deliveries) - failed, failed, errors)
