@@ -44,14 +44,15 @@ def print_latency(results: list[dict], defaults: dict) -> None:
     if not results:
         return
     print("\nend-to-end latency, produce (CreateTime) → visible at the sink:")
-    print("| guarantee → sink | kdg | p50 ms | p95 ms | p99 ms | max ms | produced /s (target) | seen / sent "
-          "| consumer CPU-s (per M) | last seen, s after the producer | counts |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| guarantee → sink | kdg | p50 ms | p95 ms | p99 ms | max ms | produced /s (target) | sustainable /s "
+          "| seen / sent | consumer CPU-s (per M) | last seen, s after the producer | counts |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     behind = []
     for r in results:
         print(f"| {r['guarantee']} → {r['sink']} | {r['which']} | {_num(r['p50_ms'], '.1f')} "
               f"| {_num(r['p95_ms'], '.1f')} | {_num(r['p99_ms'], '.1f')} | {_num(r['max_ms'], '.1f')} "
-              f"| {r['achieved_rate']:,.0f} ({r['target_rate']:,.0f}) | {r['observed']:,} / {r['sent']:,} "
+              f"| {r['achieved_rate']:,.0f} ({r['target_rate']:,.0f}) | {_num(r.get('sustainable_rate'), ',.0f')} "
+              f"| {r['observed']:,} / {r['sent']:,} "
               f"| {r['consumer_cpu_s']} ({r['consumer_cpu_s_per_m']}) | {r['last_seen_after_producer_s']} "
               f"| {r['verdict']}{_exit_note(r)} |")
         if r["last_seen_after_producer_s"] > BEHIND_S:

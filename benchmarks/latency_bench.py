@@ -20,6 +20,11 @@ For each guarantee (at-most-once, at-least-once, exactly-once) and each sink (Po
      input topic is then read back, at the guarantee's isolation level, for each record's CreateTime: the
      time kdg's producer handed the record to librdkafka.
 
+Before measuring, each pipeline's sustainable rate is found (:func:`sustainable_rate`, unless a rate is given):
+the highest rate whose lag stays bounded for 30 s, that is whose last record is seen within BEHIND_S (2 s) of
+the producer finishing, with the producer reaching the rate. The measured run then produces at half of it, so
+its percentiles are kdg's, not a backlog's.
+
 Latency = first seen − CreateTime, in ms (CreateTime has ms resolution; both clocks are this machine's). It
 includes the watcher's own delay: up to one poll period plus the query, or the read_committed fetch.
 Under the other guarantees one connection writes batch after batch, so row_id order is commit order; a row
@@ -39,6 +44,7 @@ from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, TIMESTAMP_CREATE_TIME, KafkaError, TopicPartition
 
+from bench_report import BEHIND_S
 from common import Child, drop_topic, fresh_topic
 from consume_bench import drop_sink, fresh_table
 
@@ -54,6 +60,9 @@ PG_POLL_S = 0.005
 KAFKA_FETCH_WAIT_MS = 10
 QUIET_S = 10.0       # after the producer: give up waiting once nothing new was seen for this long
 WARM_UP_S = 120.0
+SEARCH_SECONDS = 30.0  # each probe of the sustainable-rate search produces this long
+SEARCH_FROM, SEARCH_MIN, SEARCH_MAX = 2_000.0, 250.0, 256_000.0  # records/s: the first probe and the bounds
+SEARCH_BISECTIONS = 2
 
 
 class Watcher(threading.Thread):
@@ -388,16 +397,64 @@ def kdg_defaults() -> dict:
             "produce_txn_size": ProduceRequest.__dataclass_fields__["txn_size"].default}
 
 
-def latency_part(layout, rate: float, seconds: float, size: int, here: str, baseline: str | None) -> list[dict]:
-    """Every guarantee × sink, with the baseline's kdg right after the current one when there is one."""
+def kept_up(result: dict) -> bool:
+    """Whether a run's pipeline kept up: its last record seen within BEHIND_S of the producer finishing, the
+    producer within 5 % of its target rate, and every record delivered to the input seen."""
+    return (result["last_seen_after_producer_s"] <= BEHIND_S and result["achieved_rate"] >= 0.95 * result["target_rate"]
+            and result["observed"] + result["missed_by_watcher"] >= result["sent"] - result["producer_failed"])
+
+
+def sustainable_rate(layout, guarantee: str, sink: str, size: int, kdg_path: str,
+                     pipeline: Callable[[str, str, str, list[str]], list[str]] = consume_pipeline) -> tuple[float, list]:
+    """The highest rate at which ``pipeline`` keeps up (:func:`kept_up`) for SEARCH_SECONDS, and the probes made.
+
+    From SEARCH_FROM records/s the rate doubles until a probe falls behind (or halves until one keeps up), then
+    SEARCH_BISECTIONS bisections narrow it. Each probe is a whole :func:`latency_run` on fresh topics, so one
+    backlog never spills into the next probe."""
+    probes = []
+
+    def probe(rate: float) -> bool:
+        r = latency_run(layout, guarantee, sink, rate, SEARCH_SECONDS, size, kdg_path, pipeline)
+        probes.append({"rate": rate, "kept_up": kept_up(r), "achieved_rate": r["achieved_rate"],
+                       "last_seen_after_producer_s": r["last_seen_after_producer_s"], "p99_ms": r["p99_ms"]})
+        print(f"    probe {guarantee} → {sink} at {rate:,.0f}/s: {'kept up' if probes[-1]['kept_up'] else 'behind'} "
+              f"(produced {r['achieved_rate']:,.0f}/s, last seen {r['last_seen_after_producer_s']} s after the "
+              f"producer, p99 {r['p99_ms']} ms)", flush=True)
+        return probes[-1]["kept_up"]
+
+    good, bad, rate = 0.0, None, SEARCH_FROM
+    if probe(rate):
+        good, rate = rate, rate * 2
+        while rate <= SEARCH_MAX and probe(rate):
+            good, rate = rate, rate * 2
+        bad = rate if rate <= SEARCH_MAX else None
+    else:
+        bad, rate = rate, rate / 2
+        while rate >= SEARCH_MIN and not probe(rate):
+            bad, rate = rate, rate / 2
+        good = rate if rate >= SEARCH_MIN else 0.0
+    for _ in range(SEARCH_BISECTIONS if good and bad else 0):
+        mid = round((good + bad) / 2, -2)
+        good, bad = (mid, bad) if probe(mid) else (good, mid)
+    return good, probes
+
+
+def latency_part(layout, rate: float | None, seconds: float, size: int, here: str,
+                 baseline: str | None) -> list[dict]:
+    """Every guarantee × sink, with the baseline's kdg right after the current one when there is one; at
+    ``rate``, or (None) at half the pipeline's sustainable rate, searched for each kdg."""
     results = []
     for guarantee in GUARANTEES:
         for sink in SINKS:
             for label, path in (("kdg", here), ("baseline", baseline)):
                 if path is None:
                     continue
-                result = latency_run(layout, guarantee, sink, rate, seconds, size, path)
-                result["which"] = label
+                found, probes = sustainable_rate(layout, guarantee, sink, size, path) if rate is None else (None, [])
+                if rate is None and not found:
+                    print(f"  {guarantee} → {sink} ({label}): kept up at no rate from {SEARCH_MIN:,.0f}/s; not measured")
+                    continue
+                result = latency_run(layout, guarantee, sink, rate or found / 2, seconds, size, path)
+                result.update(which=label, sustainable_rate=found, search=probes)
                 results.append(result)
                 print(f"  {guarantee} → {sink} ({label}): p50 {result['p50_ms']} ms, p95 {result['p95_ms']} ms, "
                       f"p99 {result['p99_ms']} ms, max {result['max_ms']} ms at {result['achieved_rate']:,.0f}/s; "

@@ -11,7 +11,8 @@ Flags (defaults are what `make bench` runs; `make bench BENCH_ARGS="..."` passes
   --only PARTS         comma-separated parts: produce, eos, commit, consume, latency (all)
   --baseline DIR       a directory holding another kdg package (`git archive <rev> | tar -x -C DIR`): its kdg
                        runs are measured interleaved with this tree's, in every part but commit
-  --latency-rate R     records per second of the latency part's steady producer (20000)
+  --latency-rate R     records per second of the latency part's steady producer, or auto (the default): half of
+                       each pipeline's sustainable rate, searched first (latency_bench.sustainable_rate)
   --latency-seconds S  how long it produces, per guarantee and sink (60)
   --latency-size B     record size in bytes in the latency part (100)
   --json PATH          everything measured (benchmarks/results/produce_bench.json)
@@ -191,7 +192,8 @@ def main() -> None:
     ap.add_argument("--consume-records", type=int, default=1_000_000)
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts to run: {', '.join(PARTS)}")
     ap.add_argument("--baseline", help="a directory holding another kdg package to measure alongside")
-    ap.add_argument("--latency-rate", type=float, default=20_000, help="records/s of the latency part's producer")
+    ap.add_argument("--latency-rate", default="auto",
+                    help="records/s of the latency part's producer, or auto: half of each pipeline's sustainable rate")
     ap.add_argument("--latency-seconds", type=float, default=60, help="seconds it produces, per guarantee and sink")
     ap.add_argument("--latency-size", type=int, default=100, help="record size in the latency part")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "produce_bench.json"))
@@ -205,7 +207,11 @@ def main() -> None:
         args.baseline = str(Path(args.baseline).resolve())
         if not (Path(args.baseline) / "kdg" / "__init__.py").exists():
             ap.error(f"--baseline {args.baseline}: no kdg package there")
-    if args.latency_rate <= 0 or args.latency_seconds <= 0:
+    try:
+        args.latency_rate = None if args.latency_rate == "auto" else float(args.latency_rate)
+    except ValueError:
+        ap.error(f"--latency-rate {args.latency_rate!r}: a number of records/s, or auto")
+    if (args.latency_rate is not None and args.latency_rate <= 0) or args.latency_seconds <= 0:
         ap.error("--latency-rate and --latency-seconds must be more than 0")
     layout = stack()
     print(f"machine: {machine()}; stack: {layout.brokers} brokers on loopback")
@@ -251,8 +257,9 @@ def main() -> None:
         rows += consume_rows(layout, measures, args.consume_records, args.repeat, HERE, args.baseline)
     latency = []
     if "latency" in parts:
-        print(f"latency: {args.latency_rate:,.0f} records/s of {args.latency_size} B for {args.latency_seconds:g} s "
-              "per guarantee and sink")
+        shown = "half of each pipeline's sustainable rate" if args.latency_rate is None else \
+            f"{args.latency_rate:,.0f} records/s"
+        print(f"latency: {shown}, records of {args.latency_size} B for {args.latency_seconds:g} s per guarantee and sink")
         latency = latency_part(layout, args.latency_rate, args.latency_seconds, args.latency_size, HERE,
                                args.baseline)
     defaults = kdg_defaults()
