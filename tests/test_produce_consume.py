@@ -228,6 +228,32 @@ def test_ledger_ranges_of_a_killed_producer_match_the_topic_offset_for_offset(kd
     assert ranges and rows < len(ledger) / 20, f"{rows} rows for {len(ledger)} records: no ranges"
 
 
+def test_an_audit_over_ledger_ranges_and_ids_from_the_input_balances(kdg, conn):
+    """Both kinds of ids in one run: every third record brings its own kdg-id (a row each in the ledger), the
+    others get kdg's UUIDv7 (runs of them stored as ranges). The audit counts every record once: 0 lost,
+    0 duplicated, 0 unexpected; and a record deleted from the sink is lost, from a range or not."""
+    from kdg.store.pg import Store
+
+    topic, n = f"t-{uuid.uuid4().hex[:10]}", 3000
+    lines = [json.dumps({"value": f"v{i}", "headers": [{"name": "kdg-id", "value": f"own-{topic}-{i}"}]
+                                                       if i % 3 == 0 else []}) for i in range(n)]
+    kdg("produce", topic, "-g", "at-least-once", "-p", "0", "--format", "json", "--json", stdin="\n".join(lines) + "\n")
+    table = f"mix_{uuid.uuid4().hex[:8]}"
+    kdg("consume", topic, "-G", f"g-{topic}", "-g", "exactly-once", "--table", table, "-e", "--json")
+    with Store(conn.pg_dsn) as store:
+        plain, ranges = store.fetch("SELECT count(*) FILTER (WHERE seq_count IS NULL), count(seq_count) "
+                                    "FROM kdg_ledger WHERE topic = $1", topic)[0]
+        assert plain >= n // 3 and ranges > 0, (plain, ranges)
+        audit = audited(kdg, topic, "--table", table, "-G", f"g-{topic}")
+        assert (audit["acked"], audit["rows"], audit["lost"], audit["duplicates"], audit["unexpected"]) == (
+            n, n, 0, 0, 0), audit
+        store.execute(f"DELETE FROM {table} WHERE idempotency_key = $1 OR idempotency_key = "
+                      "(SELECT idempotency_key FROM kdg_ledger_keys WHERE topic = $2 AND seq = 1)",
+                      f"own-{topic}-3", topic)
+    audit = audited(kdg, topic, "--table", table, "-G", f"g-{topic}")
+    assert (audit["lost"], audit["duplicates"]) == (2, 0), audit
+
+
 def test_at_most_once_counts_refused_records_as_sent(kdg, conn):
     """The weaker guarantee's anomaly: acks=0 hears no refusal, so records that never landed count as sent."""
     from kdg.store.pg import Store
