@@ -58,7 +58,8 @@ def test_broker_and_postgres_faults_keep_exactly_once(stack):
     assert cluster.status(stack, with_quorum=False).healthy  # every fault restored what it broke
 
 
-DISRUPTIVE = {"acks1-leader-loss", "not-enough-replicas", "read-anomaly"}  # they stop brokers
+DISRUPTIVE = {"acks1-leader-loss", "not-enough-replicas", "read-anomaly",  # they stop brokers
+              "ack-lost-duplicate"}  # ... or take the stack's fault-proxy ports, which one test at a time can bind
 
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.disrupts_stack) if n in DISRUPTIVE else n

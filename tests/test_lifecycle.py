@@ -175,6 +175,7 @@ def test_ctrl_c_during_an_exactly_once_produce_aborts_cleanly_every_time(stack, 
     assert aborted > 0  # some stops did land inside a transaction
 
 
+@pytest.mark.disrupts_stack  # binds the stack's fault-proxy ports: one such test at a time
 def test_a_stop_while_a_client_call_hangs_still_ends_at_the_deadline(stack, kdg_spawn, topic):
     """Every produce response swallowed: the exactly-once producer's main thread waits inside librdkafka's
     commit_transaction (up to a minute), where no Python handler runs. SIGTERM is counted off the main

@@ -368,7 +368,7 @@ def test_a_producer_dead_of_a_renewable_fatal_error_is_replaced_and_its_transact
 
     commits = _second_commit_dies(monkeypatch)
     report = run_produce(ProduceRequest(topic, "exactly-once", synthetic(3000, 64, None, LineOptions()), conn,
-                                        txn_size=1000))
+                                        txn_size=1000, txn_interval_ms=600_000))  # by size only: 3 transactions
     assert (report.sent, report.acked, report.transactions, report.producer_renewals) == (3000, 3000, 3, 1), report
     assert commits[1][1] is not commits[2][1]  # the third attempt was made by a new client
     consumed = as_json(kdg("consume", topic, "-G", f"g-{topic}", "-g", "exactly-once", "-e", "--json"))

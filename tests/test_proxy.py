@@ -17,6 +17,9 @@ import pytest
 from conftest import as_json, audited
 
 from kdg.chaos.proxy import FaultProxy
+
+# every test here binds the stack's fault-proxy ports, which one test at a time can hold: on the fault stack, alone
+pytestmark = pytest.mark.disrupts_stack
 from kdg.stack.layout import HOST
 
 N = 2000
