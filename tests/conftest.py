@@ -23,22 +23,24 @@ import subprocess
 import sys
 import tempfile
 import uuid
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from kdg.errors import KdgError
 from kdg.settings import Connection
-from kdg.stack import cluster
+from kdg.stack import cluster, registry
 from kdg.stack.layout import StackLayout
 
 TEST_BROKER_PORT = int(os.environ.get("KDG_TEST_BROKER_PORT", "29092"))
 TEST_PG_PORT = int(os.environ.get("KDG_TEST_PG_PORT", "25432"))
 FAULT_BROKER_PORT = int(os.environ.get("KDG_TEST_FAULT_BROKER_PORT", "27092"))
 FAULT_PG_PORT = int(os.environ.get("KDG_TEST_FAULT_PG_PORT", "27432"))
+TEST_REGISTRY_PORT = int(os.environ.get("KDG_TEST_REGISTRY_PORT", "28081"))
 RUN_DIR_ENV = "KDG_TEST_RUN_DIR"  # set by the process that owns the run; its xdist workers inherit it
 # fixtures that reach a server: a test using any of them is in the `stack` tier
-SERVER_FIXTURES = {"stack", "session_stack", "fault_stack", "external_pg", "secure_stack"}
+SERVER_FIXTURES = {"stack", "session_stack", "fault_stack", "external_pg", "secure_stack", "schema_registry"}
 
 
 # -- tiers and groups --------------------------------------------------------------------------------
@@ -131,6 +133,9 @@ class SharedServers:
         return found
 
     def stop_all(self) -> None:
+        record = self.run_dir / "schema_registry.json"
+        if record.exists() and "state_dir" in (saved := json.loads(record.read_text())):
+            registry.stop(_session_layout(Path(saved["state_dir"])))  # by pid, before its stack goes down
         for name in ("stack", "fault_stack"):
             record = self.run_dir / f"{name}.json"
             if record.exists() and "state_dir" in (saved := json.loads(record.read_text())):
@@ -185,6 +190,26 @@ def fault_stack() -> StackLayout:
     """The stack only ``disrupts_stack`` tests use, one at a time: their broker kills and Postgres restarts
     reach no other test."""
     return _shared_stack("fault_stack")
+
+
+@pytest.fixture(scope="session")
+def schema_registry(session_stack) -> str:
+    """The session stack's Schema Registry (started the first time a test asks): the base URL of its
+    Confluent-compatible API, ``http://127.0.0.1:28081/apis/ccompat/v6``. Schemas are kept in memory: give
+    each test subjects of its own. The stack's layout records it, so ``kdg stack status`` shows it."""
+    def start() -> dict:
+        layout = replace(session_stack, registry_port=TEST_REGISTRY_PORT)
+        layout.save()
+        try:
+            registry.up(layout, echo=lambda *a: None)
+            registry.wait_ready(layout)
+        except KdgError:
+            registry.stop(layout)
+            session_stack.save()  # without it: `kdg stack status` of the other tests stays healthy
+            raise
+        return {"url": registry.url(layout), "state_dir": str(layout.state_dir)}
+
+    return _shared().get("schema_registry", start)["url"]
 
 
 @pytest.fixture

@@ -1,5 +1,6 @@
 """The local stack: real brokers and Postgres, checked with Kafka's own admin API."""
 
+import json
 import os
 import shutil
 import signal
@@ -7,13 +8,15 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
+import uuid
 from pathlib import Path
 
 import pytest
 from conftest import TEST_BROKER_PORT, TEST_PG_PORT, as_json
 
 from kdg.kafka.admin import describe_topic, ensure_topic
-from kdg.stack import cluster, kafka_node
+from kdg.stack import cluster, kafka_node, procs
 from kdg.stack.layout import StackLayout
 
 
@@ -83,6 +86,24 @@ def test_single_broker_stack_and_down_leaves_nothing_running():
         leftovers = subprocess.run(["pgrep", "-f", str(state)], capture_output=True, text=True).stdout.split()
         shutil.rmtree(state, ignore_errors=True)  # also when `up` failed
     assert leftovers == []
+
+
+def test_schema_registry_speaks_the_confluent_api_and_is_in_status(schema_registry, kdg):
+    def call(path: str, body: dict | None = None):
+        request = urllib.request.Request(f"{schema_registry}{path}", data=body and json.dumps(body).encode(),
+                                         headers={"Content-Type": "application/vnd.schemaregistry.v1+json"})
+        with urllib.request.urlopen(request, timeout=10) as reply:
+            return json.load(reply)
+
+    assert isinstance(call("/subjects"), list)
+    subject = f"s-{uuid.uuid4().hex[:10]}-value"
+    avro = {"type": "record", "name": "Reading", "fields": [{"name": "celsius", "type": "double"}]}
+    registered = call(f"/subjects/{subject}/versions", {"schema": json.dumps(avro)})
+    assert isinstance(registered["id"], int)
+    assert subject in call("/subjects")
+    shown = as_json(kdg("stack", "status", "--json"))["schema_registry"]
+    assert shown["url"] == schema_registry and shown["up"] is True
+    assert procs.pid_matches(shown["pid"], "quarkus-run.jar")  # the registry's own live process
 
 
 def test_cluster_ids_never_look_like_an_option():

@@ -37,6 +37,8 @@ def _show(report, as_json: bool) -> None:
                           flag(spark.master_up), f"web UI {spark.web_ui.rsplit(':', 1)[1]}")
             for w in spark.workers:
                 table.add_row(f"spark worker {w.worker}", str(w.port), str(w.pid or "-"), flag(w.up), "")
+        if registry := report.schema_registry:
+            table.add_row("schema registry", str(registry.port), str(registry.pid or "-"), flag(registry.up), "")
         console.print(table)
         console.print(f"bootstrap servers: [key]{report.bootstrap_servers}[/key]"
                       + (" (SASL_SSL)" if report.secure else ""))
@@ -44,6 +46,8 @@ def _show(report, as_json: bool) -> None:
             console.print(f"client profile: [key]{report.client_properties}[/key] (used by default against this stack)")
         if spark:
             console.print(f"spark master: [key]{spark.master_url}[/key] (or `--master stack`)")
+        if registry:
+            console.print(f"schema registry: [key]{registry.url}[/key] (Confluent-compatible API, schemas in memory)")
     if not report.healthy:
         raise CheckFailed("some part of the stack is down")
 
@@ -62,6 +66,12 @@ def up(
         "writes client.properties (mode 0600) into the state dir. Only when the stack is first made.")] = False,
     spark_workers: Annotated[Optional[int], typer.Option(help="Also a Spark standalone master and this many "
                              "workers (1 core, 1 GiB each) on 127.0.0.1; 0 stops them. Default: as before.")] = None,
+    schema_registry: Annotated[Optional[bool], typer.Option(
+        "--schema-registry/--no-schema-registry", help="Also a Schema Registry with the Confluent API "
+        "(Apicurio Registry, schemas in memory) on 127.0.0.1, built with Maven once (~2 min, ~180 MB); "
+        "--no-schema-registry stops it. Default: as before.", show_default=False)] = None,
+    registry_port: Annotated[Optional[int], typer.Option(
+        help="Port of the Schema Registry (implies --schema-registry). [default: 18081]")] = None,
     state_dir: StateDir = None,
     as_json: Json = False,
 ) -> None:
@@ -69,15 +79,17 @@ def up(
     from kdg.stack.cluster import up as run_up
 
     layout = _layout(state_dir, brokers=brokers, broker_port=broker_port, pg_port=pg_port, pg_dsn=pg_dsn,
-                     secure=secure or None)
-    with err_console.status(f"starting {layout.brokers} broker(s) and Postgres ..."):
+                     secure=secure or None, schema_registry=schema_registry, registry_port=registry_port)
+    parts = " and Postgres" if layout.registry_port is None else ", Postgres and the Schema Registry"
+    with err_console.status(f"starting {layout.brokers} broker(s){parts} ..."):
         report = run_up(layout, echo=err_console.print, spark_workers=spark_workers)
     _show(report, as_json)
 
 
 @app.command()
 def status(state_dir: StateDir = None, as_json: Json = False) -> None:
-    """Show each broker, the controller quorum's leader, Postgres and any Spark cluster; exit 7 if anything is down."""
+    """Show each broker, the controller quorum's leader, Postgres, any Spark cluster and Schema Registry; exit 7 if
+    anything is down."""
     from kdg.stack.cluster import status as run_status
 
     _show(run_status(_layout(state_dir)), as_json)
@@ -99,11 +111,16 @@ def down(
         console.print(f"stopped brokers {stopped['brokers'] or 'none'}; "
                       f"postgres {'stopped' if stopped['postgres'] else 'was not running'}"
                       + (f"; spark {', '.join(stopped['spark'])}" if stopped.get("spark") else "")
+                      + ("; schema registry stopped" if stopped.get("schema_registry") else "")
                       + ("; data deleted" if purge else ""))
 
 
 @app.command()
-def fetch() -> None:
+def fetch(
+    schema_registry: Annotated[bool, typer.Option(
+        "--schema-registry", help="Also build the Schema Registry `up --schema-registry` runs (~2 min, ~180 MB "
+        "from Maven Central).")] = False,
+) -> None:
     """Download the pinned Kafka jars and Spark's Kafka connector into the cache (done on first use otherwise), and
     make Spark's class archive, with which a Spark command's JVM starts faster (made here only)."""
     from kdg.spark import classes
@@ -112,6 +129,10 @@ def fetch() -> None:
 
     require_java()
     console.print(f"Kafka jars in {ensure_kafka_jars(err_console.print)}")
+    if schema_registry:
+        from kdg.stack.registry import ensure_built
+
+        console.print(f"Schema Registry in {ensure_built(err_console.print)}")
     spark_jars(err_console.print)
     console.print(f"Spark connector jars in {spark_lib_dir()}")
     try:

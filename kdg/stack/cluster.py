@@ -5,9 +5,9 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from kdg.errors import StackError, UsageError
-from kdg.stack import kafka_node, postgres, procs, spark_cluster
+from kdg.stack import kafka_node, postgres, procs, registry, spark_cluster
 from kdg.stack.jars import ensure_kafka_jars, java_classpath, kafka_version, require_java
-from kdg.stack.layout import HOST, StackLayout
+from kdg.stack.layout import DEFAULT_REGISTRY_PORT, HOST, StackLayout
 
 
 @dataclass
@@ -38,16 +38,19 @@ class StackStatus:
     secure: bool = False
     client_properties: str | None = None  # a secure stack's client profile (librdkafka names), mode 0600
     spark: spark_cluster.SparkStatus | None = None  # only for a stack started with --spark-workers
+    schema_registry: registry.RegistryStatus | None = None  # only for a stack started with --schema-registry
 
     @property
     def healthy(self) -> bool:
         return (all(b.up for b in self.brokers) and bool(self.postgres and self.postgres.up)
-                and (self.spark is None or self.spark.healthy))
+                and (self.spark is None or self.spark.healthy)
+                and (self.schema_registry is None or self.schema_registry.up))
 
     def to_dict(self) -> dict:
         data = asdict(self) | {"healthy": self.healthy}
-        if self.spark is None:
-            del data["spark"]
+        for part in ("spark", "schema_registry"):
+            if data[part] is None:
+                del data[part]
         return data
 
 
@@ -60,10 +63,13 @@ def _cluster_id(layout: StackLayout) -> str:
 
 
 def resolve_layout(state_dir: Path, *, brokers: int | None = None, broker_port: int | None = None,
-                   pg_port: int | None = None, pg_dsn: str | None = None, secure: bool | None = None) -> StackLayout:
+                   pg_port: int | None = None, pg_dsn: str | None = None, secure: bool | None = None,
+                   schema_registry: bool | None = None, registry_port: int | None = None) -> StackLayout:
     """The stack in ``state_dir``: as saved there, with any given setting applied (a new stack otherwise).
 
     ``secure`` None keeps what the stack was made with; a formatted stack cannot change it.
+    ``schema_registry`` True gives the stack a Schema Registry (on ``registry_port``, else the port it had, else
+    18081), False takes it away, None keeps what the stack had; a ``registry_port`` alone also gives it one.
     """
     saved = StackLayout.load(state_dir)
     base = saved or StackLayout(state_dir=state_dir)
@@ -81,6 +87,7 @@ def resolve_layout(state_dir: Path, *, brokers: int | None = None, broker_port: 
         pg_port=pg_port if pg_port is not None else base.pg_port,
         external_pg_dsn=pg_dsn if pg_dsn is not None else base.external_pg_dsn,
         secure=base.secure if secure is None or formatted else secure,
+        registry_port=_registry_port(base, schema_registry, registry_port),
     )
     if layout.external_pg_dsn == replace(layout, external_pg_dsn=None).pg_dsn:
         # the embedded server's own DSN, as `stack up` saved it when it still read KDG_PG_DSN: embedded
@@ -88,16 +95,27 @@ def resolve_layout(state_dir: Path, *, brokers: int | None = None, broker_port: 
     return layout
 
 
+def _registry_port(base: StackLayout, wanted: bool | None, port: int | None) -> int | None:
+    if wanted is False:
+        return None
+    if wanted is None and port is None and base.registry_port is None:
+        return None
+    return port or base.registry_port or DEFAULT_REGISTRY_PORT
+
+
 def up(layout: StackLayout, echo=print, *, spark_workers: int | None = None) -> StackStatus:
     """Start every part of the stack that is not running; idempotent.
 
     ``spark_workers``: a Spark master and that many workers too (0 stops them; None keeps what the stack had).
+    A layout with a ``registry_port`` gets its Schema Registry started too (built once); one without, stopped.
     """
     if not 1 <= layout.brokers <= 9:
         raise UsageError(f"--brokers {layout.brokers}: must be between 1 and 9")
     spark_cluster.check_workers(spark_workers)
     require_java()
     ensure_kafka_jars(echo)
+    if layout.registry_port is not None:
+        registry.ensure_built(echo)
     layout.save()
     if layout.secure:
         from kdg.stack import secure
@@ -113,6 +131,7 @@ def up(layout: StackLayout, echo=print, *, spark_workers: int | None = None) -> 
             started.append(node)
     if layout.uses_embedded_pg:
         postgres.start(layout)
+    registry.up(layout, echo)  # starts while the brokers do; waited for below
     for node in started:
         kafka_node.wait_listening(layout, node)
     from kdg.store.migrations import apply_migrations  # asyncpg is only needed once the stack runs
@@ -121,6 +140,7 @@ def up(layout: StackLayout, echo=print, *, spark_workers: int | None = None) -> 
     if layout.secure:
         secure.grant_client_acls(layout)
     spark_cluster.up(layout, spark_workers, echo)
+    registry.wait_ready(layout)
     return status(layout)
 
 
@@ -184,6 +204,7 @@ def status(layout: StackLayout, *, with_quorum: bool = True) -> StackStatus:
 
         report.postgres = PostgresStatus(redact_dsn(layout.pg_dsn), False, None, can_connect(layout.pg_dsn))
     report.spark = spark_cluster.status(layout)
+    report.schema_registry = registry.status(layout)
     return report
 
 
@@ -192,6 +213,8 @@ def down(layout: StackLayout, *, purge: bool = False) -> dict:
     stopped = {"brokers": [], "postgres": False}
     if spark := spark_cluster.down(layout):
         stopped["spark"] = spark
+    if registry.stop(layout):  # by its pid file: also one a stack no longer configured was left running
+        stopped["schema_registry"] = True
     stopped["brokers"] = kafka_node.stop_all(layout, layout.node_ids)
     if layout.uses_embedded_pg:
         stopped["postgres"] = postgres.stop(layout)
@@ -203,6 +226,7 @@ def down(layout: StackLayout, *, purge: bool = False) -> dict:
         shutil.rmtree(layout.pg_dir, ignore_errors=True)
         shutil.rmtree(layout.secure_dir, ignore_errors=True)
         spark_cluster.purge(layout)
+        registry.purge(layout)
         for name in ("cluster.id", "stack.json", "client.properties"):
             (layout.state_dir / name).unlink(missing_ok=True)
     return stopped

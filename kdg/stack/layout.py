@@ -5,12 +5,14 @@ command (status, down, and the default connection settings) reads it back from t
 """
 
 import json
+import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 HOST = "127.0.0.1"
 DEFAULT_BROKER_PORT = 19092
 DEFAULT_PG_PORT = 15432
+DEFAULT_REGISTRY_PORT = 18081  # as 19092 and 15432 are Kafka's and Postgres's own ports + 10000: 8081 + 10000
 PG_USER = "kdg"
 PG_DATABASE = "kdg"
 
@@ -27,6 +29,9 @@ class StackLayout:
 
     A ``secure`` stack's client and FAULTY listeners speak SASL_SSL (:mod:`kdg.stack.secure`); its
     credentials live in ``client.properties`` (the client user) and ``secure/admin.properties``.
+
+    ``registry_port``: the HTTP port of the stack's Schema Registry (:mod:`kdg.stack.registry`), None for a
+    stack without one.
     """
 
     state_dir: Path
@@ -35,6 +40,7 @@ class StackLayout:
     pg_port: int = DEFAULT_PG_PORT
     external_pg_dsn: str | None = None
     secure: bool = False
+    registry_port: int | None = None
 
     @property
     def node_ids(self) -> list[int]:
@@ -114,7 +120,9 @@ class StackLayout:
     def save(self) -> None:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         data = asdict(self) | {"state_dir": str(self.state_dir)}
-        (self.state_dir / "stack.json").write_text(json.dumps(data, indent=2))
+        partial = self.state_dir / f"stack.json.{os.getpid()}"  # renamed over: a reader never sees half a file
+        partial.write_text(json.dumps(data, indent=2))
+        partial.replace(self.state_dir / "stack.json")
 
     @classmethod
     def load(cls, state_dir: Path) -> "StackLayout | None":
