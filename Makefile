@@ -9,7 +9,7 @@ KDG     = $(BIN)/kdg
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q -e '.[test,schemas]'
 	touch $@
 
 ## setup: Python deps into .venv, Kafka's jars from Maven Central into the kdg cache
@@ -21,9 +21,11 @@ demo: setup
 	bash scripts/demo.sh
 
 ## test: the suite against real servers the tests start (each once, shared) and stop themselves; on
-## TEST_WORKERS pytest-xdist workers, since most of its time is spent waiting on servers, not computing
+## TEST_WORKERS pytest-xdist workers, since most of its time is spent waiting on servers, not computing (the
+## stack's Schema Registry is built first, once: tests/test_schemas.py uses it)
 TEST_WORKERS ?= 3
 test: setup
+	$(KDG) stack fetch --schema-registry
 	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 ## test-fast: the pure-Python tier, no server started (under a minute)

@@ -36,6 +36,7 @@ class ConsumeRequest:
     fmt: str = "text"                 # stdout: text | json envelope
     id_from: str | None = None        # header:NAME | json:FIELD | json:/POINTER | offset
     mapping: "Mapping | None" = None  # a typed sink: the user's table, through this mapping
+    value_format: str = "json"        # how --id-from json: and the stdout sink read values (a typed sink: its mapping's)
     count: int | None = None          # -c
     exit_at_end: bool = False         # -e
     idle_timeout: float | None = None
@@ -101,7 +102,8 @@ def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue, consumer: KdgC
     if req.mapping is not None:
         from kdg.sinks.typed import TypedPostgresSink
 
-        return TypedPostgresSink(req.conn.pg_dsn, req.mapping, req.group, req.topic, dlq, load_handler(req.handler))
+        return TypedPostgresSink(req.conn.pg_dsn, req.mapping, req.group, req.topic, dlq, load_handler(req.handler),
+                                 registry=req.conn.registry)
     if kind == "postgres":
         from kdg.sinks.postgres import PostgresSink
 
@@ -115,7 +117,16 @@ def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue, consumer: KdgC
                          own_id=req.transactional_id is None)
     from kdg.sinks.stdout import StdoutSink
 
-    return StdoutSink(req.fmt, dlq)
+    return StdoutSink(req.fmt, dlq, decode=value_decoder(req))
+
+
+def value_decoder(req: ConsumeRequest):
+    """How values are read outside a mapping (``--id-from json:``, the stdout sink): None for JSON or raw bytes."""
+    if req.value_format in ("json", "raw"):
+        return None
+    from kdg.schemas.codecs import decoder
+
+    return decoder(req.value_format, req.conn.registry)
 
 
 def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool) -> Batch:
@@ -153,7 +164,7 @@ def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool)
         try:
             key = resolver.key(rec)
         except ValueError as exc:
-            dead.append((rec, f"bad JSON: {exc}", None))
+            dead.append((rec, f"{resolver.unreadable}{exc}", None))
             continue
         if key is None:
             if must_have_key:
@@ -187,7 +198,7 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
 
 def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metrics: Metrics) -> None:
     start = StartOffset(req.start)
-    resolver = KeyResolver(req.id_from)
+    resolver = KeyResolver(req.id_from, value_decoder(req) if req.id_from else None)
     bootstrap, extra = req.conn.bootstrap_servers, req.conn.extra
     metrics.not_ready = "waiting for Kafka"
     partitions = wait_until_up("Kafka", lambda: topic_partitions(bootstrap, req.topic, extra),  # the topic must exist

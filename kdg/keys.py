@@ -16,8 +16,10 @@ class KeyResolver:
     (:mod:`kdg.mapping.sources`), so a key and a column read the same field the same way.
     """
 
-    def __init__(self, id_from: str | None):
-        self.kind, self.arg, self.source = None, None, None
+    def __init__(self, id_from: str | None, decode=None):
+        """``decode``: how ``json:`` reads the value (JSON; a schema'd format's decoder, :mod:`kdg.schemas.codecs`)."""
+        self.kind, self.arg, self.source, self.decode = None, None, None, decode
+        self.unreadable = "bad JSON: " if decode is None else ""  # a decoder's reasons say what failed
         if id_from:
             kind, sep, arg = id_from.partition(":")
             if kind not in ("header", "json", "offset") or (bool(sep) if kind == "offset" else not arg):
@@ -35,7 +37,7 @@ class KeyResolver:
             raw = rec.header(self.arg)
             return raw.decode("utf-8", "replace") if raw is not None else None
         if self.kind == "json":
-            return self.source.text_of(rec)
+            return self.source.text_of(rec, decode=self.decode)
         if self.kind == "offset":
             return f"{rec.topic}/{rec.partition}/{rec.offset}"
         return None

@@ -23,7 +23,7 @@ from kdg.errors import UsageError
 
 PROFILE_ENV = "KDG_KAFKA_CONFIG"
 _ENV_REF = re.compile(r"^\$\{env:([A-Za-z_][A-Za-z0-9_]*)\}$")
-_SECRET_WORDS = ("password", "secret", "token", "jaas")
+_SECRET_WORDS = ("password", "secret", "token", "jaas", "user.info")  # user.info: a registry's USER:PASSWORD
 
 
 def is_secret(key: str) -> bool:

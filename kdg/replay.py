@@ -41,6 +41,7 @@ class ReplayRequest:
     master: str = "local[*]"
     id_from: str | None = None
     mapping: "Mapping | None" = None   # a typed sink: the user's table, through this mapping
+    value_format: str = "json"         # how --id-from json: reads values outside a mapping (kdg.schemas)
     chunk_rows: int = 20_000
     spark_conf: dict[str, str] = field(default_factory=dict)
     on_range: Callable[[Ranges], None] | None = None          # shown before the job runs
@@ -123,6 +124,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
                               recorded="before writing" if record_first else "after writing")
         spec = WriteSpec(req.conn.pg_dsn, table, req.group, policy.dedup, req.chunk_rows,
                          typed=typed, id_from=req.id_from if id_kind == "json" else None,
+                         value_format=req.value_format, registry=req.conn.registry,
                          dead_letters=DeadLetterSpec(policy.guarantee.value, req.conn.bootstrap_servers, req.topic,
                                                      req.conn.extra))
         try:

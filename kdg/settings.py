@@ -11,16 +11,18 @@ from kdg.paths import default_state_dir
 from kdg.profile import is_secret, merged_properties, profile_path
 from kdg.stack.layout import StackLayout
 
+REGISTRY_PREFIXES = ("schema.registry.", "basic.auth.")  # a Schema Registry's settings, not librdkafka's
 _IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
 @dataclass(frozen=True)
 class Connection:
-    """Where to find Kafka and Postgres, and the user's extra librdkafka properties."""
+    """Where to find Kafka, Postgres and a Schema Registry, and the user's extra librdkafka properties."""
 
     bootstrap_servers: str
     pg_dsn: str
     extra: dict[str, str] = field(default_factory=dict)
+    registry: dict[str, str] = field(default_factory=dict)  # schema.registry.*, basic.auth.* (kdg.schemas.registry)
 
 
 def local_layout(state_dir: Path | None = None) -> StackLayout:
@@ -30,13 +32,17 @@ def local_layout(state_dir: Path | None = None) -> StackLayout:
 
 def connection(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
                properties: list[str] | None = None, state_dir: Path | None = None,
-               profile: Path | None = None) -> Connection:
+               profile: Path | None = None, schema_registry: str | None = None) -> Connection:
     """Explicit values win, then ``KDG_*`` variables (Typer fills those), then the local stack.
 
     Kafka properties: the profile file (``-F``, else ``KDG_KAFKA_CONFIG``), then ``-X`` on top,
     secret references resolved (:mod:`kdg.profile`). With neither a profile nor bootstrap servers
     given, a command talks to the local stack; on a ``--secure`` stack that means its
     ``client.properties`` (the client user), exactly as if ``-F`` had named it.
+
+    Schema Registry settings (``schema.registry.*``, ``basic.auth.*``) are taken out of the Kafka
+    properties; ``schema_registry`` (``--schema-registry``) wins over ``schema.registry.url``, and
+    without either the local stack's registry is used if it was started with one.
 
     A DSN asyncpg could not parse (not a ``postgresql://`` URL, a port that is no number) is a
     usage error naming it without its password.
@@ -55,11 +61,16 @@ def connection(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
             raise UsageError(f"--pg-dsn {redact_dsn(dsn)!r}: port {port!r} is not a number from 1 to 65535")
     if profile_path(profile) is None and not bootstrap_servers and layout.secure:
         profile = layout.client_profile
-    return Connection(
-        bootstrap_servers=bootstrap_servers or layout.bootstrap_servers,
-        pg_dsn=dsn,
-        extra=merged_properties(profile, parse_properties(properties or [])),
-    )
+    extra = merged_properties(profile, parse_properties(properties or []))
+    registry = {k: extra.pop(k) for k in list(extra) if k.startswith(REGISTRY_PREFIXES)}
+    if schema_registry:
+        registry["schema.registry.url"] = schema_registry
+    elif "schema.registry.url" not in registry and layout.registry_port:
+        from kdg.stack.registry import url
+
+        registry["schema.registry.url"] = url(layout)
+    return Connection(bootstrap_servers=bootstrap_servers or layout.bootstrap_servers, pg_dsn=dsn, extra=extra,
+                      registry=registry)
 
 
 def parse_properties(items: list[str], option: str = "-X", what: str = "a librdkafka property") -> dict[str, str]:

@@ -7,9 +7,10 @@ from typing import Annotated, Optional
 import typer
 
 from kdg.cli import app
-from kdg.cli.options import (Bootstrap, ChunkRows, Columns, CreateTable, DedupRetention, Envelope, Json, MappingFile,
-                             MetricsHost, MetricsPort, Mode, OnTombstone, PgDsn, Profile, Properties, ShutdownTimeout,
-                             SinkTable, SparkConf, SparkIdFrom, SparkMaster, WaitTimeout)
+from kdg.cli.options import (Bootstrap, ChunkRows, Columns, CreateTable, DedupRetention, Envelope, Json, KeyFormat,
+                             MappingFile, MetricsHost, MetricsPort, Mode, OnTombstone, PgDsn, Profile, Properties,
+                             SchemaRegistry, ShutdownTimeout, SinkTable, SparkConf, SparkIdFrom, SparkMaster,
+                             ValueFormat, WaitTimeout)
 from kdg.cli.render import console, err_console, key_value_table, print_json
 from kdg.errors import CheckFailed, UsageError
 
@@ -17,10 +18,23 @@ GuaranteeOpt = Annotated[str, typer.Option(
     "--guarantee", "-g", help="at-most-once | at-least-once | exactly-once (see `kdg policy`).")]
 
 
-def _conn(bootstrap, pg_dsn, props, profile):
+def _conn(bootstrap, pg_dsn, props, profile, schema_registry=None):
     from kdg.settings import connection
 
-    return connection(bootstrap, pg_dsn, props, profile=profile)
+    return connection(bootstrap, pg_dsn, props, profile=profile, schema_registry=schema_registry)
+
+
+def _formats(value_format, key_format, typed, where: str) -> str:
+    """The value format, checked: a schema'd one needs something that reads values (a mapping, ``where``)."""
+    from kdg.schemas import check_format
+
+    value_format = check_format(value_format or (typed.value_format if typed is not None else "json"))
+    check_format(key_format or "json", "--key-format")
+    if key_format not in (None, "json") and typed is None:
+        raise UsageError(f"--key-format {key_format}: only a typed sink reads keys (key:FIELD columns)")
+    if value_format not in ("json", "raw") and typed is None and where:
+        raise UsageError(f"--value-format {value_format}: {where}")
+    return value_format
 
 
 def _check_min(*checks: tuple[str, "int | float | None", int]) -> None:
@@ -117,6 +131,12 @@ def produce(
                                 "stored once for every producer (kdg db maintain changes it). Default: as stored, "
                                 "else forever.")] = None,
     partitions: Annotated[int, typer.Option(help="Partitions if the topic is created.")] = 3,
+    value_format: Annotated[Optional[str], typer.Option("--value-format", help="json (the default: values as "
+                            "given), or avro, protobuf or json-schema: each value, a JSON document, encoded with "
+                            "--schema in the Schema Registry wire format.")] = None,
+    schema: Annotated[Optional[Path], typer.Option("--schema", help="The value schema (.avsc, .proto: its first "
+                      "message, or a JSON Schema), registered under TOPIC-value.")] = None,
+    schema_registry: SchemaRegistry = None,
     shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
     metrics_port: MetricsPort = None, metrics_host: MetricsHost = "0.0.0.0",
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
@@ -143,17 +163,24 @@ def produce(
     _check_lifecycle(shutdown_timeout, wait_timeout, metrics_port)
     id_maker(id_template)  # a bad --id template is refused before the topic is created
     endless = count is None and rate is not None and file is None
+    conn = _conn(bootstrap, pg_dsn, props, profile, schema_registry)
+    encode = _value_encoder(value_format, schema, topic, conn, synthetic=count is not None or endless)
     if count is not None or endless:
         records = sources.synthetic(count, size, rate, opts)
     else:
         reader = sources.envelopes if fmt == "json" else sources.text_lines
+        if encode is not None:
+            from kdg.schemas.produce import encoded
+
+            plain = reader
+            # validated with the command's own options: the value to encode is what follows a -K delimiter
+            reader = lambda path, _opts: encoded(plain(path, opts), encode, value_format)  # noqa: E731
         if file is not None:
             sources.validate_file(file, reader)  # a bad line is reported before anything is sent
         records = reader(file, opts)
     bar, progress = _progress(f"producing to {topic}", count, not as_json)
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
-        req = ProduceRequest(topic=topic, guarantee=guarantee, records=records,
-                             conn=_conn(bootstrap, pg_dsn, props, profile), ledger=not no_ledger,
+        req = ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=conn, ledger=not no_ledger,
                              ledger_retention=ledger_retention, id_template=id_template, txn_size=txn_size,
                              txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
                              partitions=partitions, progress=progress, shutdown=shutdown, wait_timeout=wait_timeout,
@@ -171,6 +198,27 @@ def produce(
         raise CheckFailed(f"{report.failed} record(s) were not delivered")
 
 
+def _value_encoder(value_format, schema, topic: str, conn, *, synthetic: bool):
+    """`kdg produce`'s encoder for a schema'd --value-format (its schema registered), else None."""
+    from kdg.schemas import SCHEMA_FORMATS, check_format
+
+    value_format = check_format(value_format or "json")
+    if value_format not in SCHEMA_FORMATS:
+        if schema is not None:
+            raise UsageError("--schema is for --value-format avro, protobuf or json-schema")
+        if value_format == "raw":
+            raise UsageError("--value-format raw: kdg produce sends each line's bytes as they are already (json)")
+        return None
+    if schema is None:
+        raise UsageError(f"--value-format {value_format} needs --schema FILE")
+    if synthetic:
+        raise UsageError(f"--value-format {value_format}: give the values as JSON lines (--file or stdin), "
+                         "not --count or --rate")
+    from kdg.schemas.produce import encoder_for
+
+    return encoder_for(value_format, schema, topic, conn.registry)
+
+
 @app.command()
 def consume(
     topic: Annotated[str, typer.Argument(help="Topic to read.")],
@@ -180,6 +228,7 @@ def consume(
     table: SinkTable = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None, envelope: Envelope = None,
+    value_format: ValueFormat = None, key_format: KeyFormat = None, schema_registry: SchemaRegistry = None,
     fmt: Annotated[str, typer.Option("--format", help="stdout sink: text or json envelope lines.")] = "text",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD, "
                        "json:/POINTER, or offset (topic/partition/offset: exact for re-reads, blind to producer "
@@ -229,13 +278,21 @@ def consume(
         raise UsageError(f"--pipeline {pipeline}: at most 8 (each is a Postgres connection; 2 already overlaps "
                          "reading with writing)")
     typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
-                          create_table=create_table, envelope=envelope)  # a bad mapping is refused before anything is read
+                          create_table=create_table, envelope=envelope, value_format=value_format,
+                          key_format=key_format)  # a bad mapping is refused before anything is read
+    kind = sink.partition(":")[0]
+    value_format = _formats(value_format, key_format, typed, "" if kind == "stdout" or (id_from or "").startswith(
+        "json:") else f"the {kind} sink keeps each value's bytes as they are; decoding is for a typed sink "
+        "(--column or --mapping), --id-from json: or the stdout sink")
     table = typed.table.text if typed is not None else table_name(table or "kdg_events").text
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
-        req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
-                             sink=sink, table=table, mapping=typed, fmt=fmt, id_from=id_from, count=count,
+        req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee,
+                             conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry),
+                             sink=sink, table=table, mapping=typed, value_format=value_format, fmt=fmt,
+                             # binary values are fine to decode (avro …), keep (raw) or show as base64 envelopes
+                             require_utf8=value_format == "json" and not (kind == "stdout" and fmt == "json"), id_from=id_from, count=count,
                              exit_at_end=exit_at_end, idle_timeout=idle_timeout, start=offset, batch_size=batch_size,
                              batch_ms=batch_ms, max_bytes=max_bytes, handler=handler, transactional_id=transactional_id,
                              progress=progress, pg_wait=pg_wait, pipeline=pipeline, dedup_retention=dedup_retention,
@@ -261,6 +318,7 @@ def spark_replay(
     table: SinkTable = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None, envelope: Envelope = None,
+    value_format: ValueFormat = None, key_format: KeyFormat = None, schema_registry: SchemaRegistry = None,
     master: SparkMaster = "local[*]",
     id_from: SparkIdFrom = None,
     chunk_rows: ChunkRows = 20_000,
@@ -297,11 +355,16 @@ def spark_replay(
         err_console.print(shown)
 
     typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
-                          create_table=create_table, envelope=envelope)
+                          create_table=create_table, envelope=envelope, value_format=value_format,
+                          key_format=key_format)
+    _formats(value_format, key_format, typed, "" if (id_from or "").startswith("json:") else
+             "the generic sink keeps each value's bytes as they are; decoding is for a typed sink (--column or "
+             "--mapping) or --id-from json:")
     _check_lifecycle(shutdown_timeout, wait_timeout, None)
     bar, tasks_done = _progress("spark tasks", None, not as_json)
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
-        req = ReplayRequest(topic=topic, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
+        req = ReplayRequest(topic=topic, guarantee=guarantee,
+                            conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry), value_format=value_format,
                             group=group, start=start, end=end, table=table or "kdg_events", mapping=typed,
                             master=master, id_from=id_from, chunk_rows=chunk_rows, dedup_retention=dedup_retention,
                             beyond_dedup_window=beyond_dedup_window,
@@ -327,6 +390,7 @@ def spark_stream(
     table: SinkTable = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None, envelope: Envelope = None,
+    value_format: ValueFormat = None, key_format: KeyFormat = None, schema_registry: SchemaRegistry = None,
     master: SparkMaster = "local[*]",
     checkpoint: Annotated[Optional[str], typer.Option(help="Spark's checkpoint directory or URI (default: under "
                           "the state dir, one per group and topic); on a cluster, a path every node sees.")] = None,
@@ -360,7 +424,11 @@ def spark_stream(
     _check_min(("--chunk-rows", chunk_rows, 1), ("--max-per-batch", max_per_batch, 1), ("--pg-wait", pg_wait, 0))
     _check_lifecycle(shutdown_timeout, wait_timeout, None)
     typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
-                          create_table=create_table, envelope=envelope)
+                          create_table=create_table, envelope=envelope, value_format=value_format,
+                          key_format=key_format)
+    _formats(value_format, key_format, typed, "" if (id_from or "").startswith("json:") else
+             "the generic sink keeps each value's bytes as they are; decoding is for a typed sink (--column or "
+             "--mapping) or --id-from json:")
 
     def on_batch(b) -> None:
         if as_json:
@@ -373,7 +441,8 @@ def spark_stream(
                           f"lag {lag}{again}", markup=False, highlight=False, soft_wrap=True)
 
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
-        req = StreamRequest(topic=topic, group=group, guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile),
+        req = StreamRequest(topic=topic, group=group, guarantee=guarantee,
+                            conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry), value_format=value_format,
                             table=table or "kdg_events", mapping=typed, master=master, checkpoint=checkpoint,
                             trigger=trigger, max_per_batch=max_per_batch, id_from=id_from, chunk_rows=chunk_rows,
                             spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"),

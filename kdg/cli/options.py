@@ -69,3 +69,17 @@ SparkIdFrom = Annotated[Optional[str], typer.Option(
     "--id-from", help="Key for records without kdg-id: header:NAME, json:FIELD or offset.")]
 ChunkRows = Annotated[int, typer.Option("--chunk-rows", help="Rows per Postgres transaction in a Spark task.")]
 SparkConf = Annotated[Optional[list[str]], typer.Option("--conf", help="Spark property key=value (repeatable).")]
+
+# schema'd records through a Schema Registry (kdg.schemas)
+ValueFormat = Annotated[Optional[str], typer.Option(
+    "--value-format", help="How values are read: json (the default), avro, protobuf or json-schema (Schema Registry "
+    "wire format, decoded with the writer's schema), or raw. json: sources read the decoded value; one that cannot "
+    "be decoded goes to the dead-letter topic with the reason. Typed sinks (or a mapping's value_format), --id-from "
+    "json: and the stdout sink.")]
+KeyFormat = Annotated[Optional[str], typer.Option(
+    "--key-format", help="How key:FIELD sources read the record key: json (the default), avro, protobuf, "
+    "json-schema or raw.")]
+SchemaRegistry = Annotated[Optional[str], typer.Option(
+    "--schema-registry", envvar="KDG_SCHEMA_REGISTRY", help="Schema Registry URL; without it, schema.registry.url "
+    "in the -F profile, else the local stack's registry (kdg stack up --schema-registry). Its login: "
+    "basic.auth.user.info in the profile, never printed.")]

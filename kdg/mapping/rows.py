@@ -18,7 +18,8 @@ UPSERTS = frozenset(("c", "u", "r"))  # Debezium's create, update, read (snapsho
 class RowMaker:
     """The compiled form of a mapping: ``rows(records)`` → staged rows and dead letters."""
 
-    def __init__(self, mapping: Mapping):
+    def __init__(self, mapping: Mapping, registry: dict[str, str] | None = None):
+        """``registry``: the Schema Registry settings, for a schema'd value or key format."""
         self.mapping = mapping
         self.columns = mapping.columns
         self._value_json = mapping.reads_value
@@ -27,6 +28,8 @@ class RowMaker:
         self._jsonb = [c.type.base == "jsonb" for c in mapping.columns]
         self._tombstones = mapping.on_tombstone
         self._cdc = mapping.envelope == "debezium"
+        self._decode_value, self._value_bad = _decoding(mapping.value_format, registry, "")
+        self._decode_key, self._key_bad = _decoding(mapping.key_format, registry, " in the record key")
 
     def rows(self, records) -> tuple[list[tuple], list[tuple]]:
         """Staged rows for ``records`` (``(record, key)`` pairs; ``seq`` is the index), and dead letters.
@@ -65,9 +68,9 @@ class RowMaker:
         """A Debezium change event (bare, or JsonConverter's ``{"schema", "payload"}``): (False, its ``after``)
         for a create, update or snapshot read; (True, its ``before``) for a delete."""
         try:
-            event = _unwrapped(parse_json(rec.value))
+            event = _unwrapped(self._decode_value(rec.value))
         except ValueError as exc:
-            raise ValueError(f"bad JSON: {exc}") from None
+            raise ValueError(f"{self._value_bad}{exc}") from None
         op = event.get("op") if type(event) is dict else None
         if op in UPSERTS:
             after = event.get("after")
@@ -84,13 +87,13 @@ class RowMaker:
         """The column texts; ``doc`` is the value's JSON already read (a change event's row), else read here."""
         if not self._cdc:
             try:
-                doc = parse_json(rec.value) if self._value_json and not tomb else None
+                doc = self._decode_value(rec.value) if self._value_json and not tomb else None
             except ValueError as exc:
-                raise ValueError(f"bad JSON: {exc}") from None
+                raise ValueError(f"{self._value_bad}{exc}") from None
         try:
-            key_doc = parse_json(rec.key) if self._key_json else None
+            key_doc = self._decode_key(rec.key) if self._key_json else None
         except ValueError as exc:
-            raise ValueError(f"bad JSON in the record key: {exc}") from None
+            raise ValueError(f"{self._key_bad}{exc}") from None
         if self._cdc:  # the key as Kafka Connect wrapped it, or bare
             key_doc = _unwrapped(key_doc)
         values = [read(rec, key, doc, key_doc) for read in self._readers]
@@ -148,6 +151,16 @@ class StagedRows:
         for seq, (rec, key) in enumerate(self.records):
             if seq not in dead:
                 yield key, rec.topic, rec.partition, rec.offset
+
+
+def _decoding(fmt: str, registry: dict[str, str] | None, where: str):
+    """``(decode, reason prefix)`` for a value or key format: JSON's reasons say "bad JSON", a schema'd
+    decoder's say what failed themselves (:mod:`kdg.schemas.codecs`)."""
+    if fmt == "json":
+        return parse_json, f"bad JSON{where}: "
+    from kdg.schemas.codecs import decoder
+
+    return decoder(fmt, registry), ("record key: " if where else "")
 
 
 def _unwrapped(doc):

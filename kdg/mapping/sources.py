@@ -19,7 +19,9 @@ Example:
 
 import json
 from dataclasses import dataclass
+from datetime import date, datetime, time
 from decimal import Decimal
+from uuid import UUID
 
 from kdg.errors import UsageError
 
@@ -70,14 +72,15 @@ class Source:
             return rec.timestamp if rec.timestamp is not None and rec.timestamp >= 0 else None
         return getattr(rec, self.name)
 
-    def text_of(self, rec, key: str | None = None) -> str | None:
-        """This source's value for ``rec`` as text, parsing what it needs; ValueError if that is not JSON.
+    def text_of(self, rec, key: str | None = None, decode=None) -> str | None:
+        """This source's value for ``rec`` as text, parsing what it needs; ValueError if that is not JSON
+        (``decode``: how the value is read, JSON by default; :mod:`kdg.schemas.codecs` for schema'd values).
 
         A tombstone (no value) has no JSON to read: a ValueError too, so ``--id-from json:`` dead-letters it.
         """
         if self.kind == "value" and rec.value is None:
             raise ValueError("a tombstone (null value) has no JSON to read the key from")
-        doc = parse_json(rec.value) if self.kind == "value" else None
+        doc = (decode or parse_json)(rec.value) if self.kind == "value" else None
         key_doc = parse_json(rec.key) if self.kind == "key" else None
         return as_text(self.read(rec, key, doc, key_doc))
 
@@ -138,7 +141,9 @@ def as_text(value) -> str | None:
         return "true" if value else "false"
     if kind is int or kind is Decimal:
         return str(value)
-    return json_text(value)
+    if kind is dict or kind is list or kind is float:
+        return json_text(value)
+    return _scalar_text(value)
 
 
 def json_text(value) -> str | None:
@@ -147,13 +152,29 @@ def json_text(value) -> str | None:
         return None
     try:
         return _dumps(value)
-    except TypeError:  # a Decimal somewhere inside: write numbers exactly as they were written
+    except TypeError:  # a Decimal (or a decoded value) somewhere inside: numbers exactly as they were written
         return _json_with_decimals(value)
 
 
+def _scalar_text(value) -> str:
+    """A decoded Avro or Protobuf value that JSON has no type for, as Postgres reads it: bytes as ``\\x`` hex
+    (bytea's input form), dates, times and timestamps in ISO 8601, a UUID as its text."""
+    if isinstance(value, (bytes, bytearray, memoryview)):
+        return "\\x" + bytes(value).hex()
+    if isinstance(value, (datetime, date, time)):
+        return value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    return json_text(value)
+
+
 def _json_with_decimals(value) -> str:
+    """JSON text of a value holding Decimals (numbers kept as written) or decoded values JSON has no type for
+    (written as JSON strings of :func:`_scalar_text`)."""
     if isinstance(value, Decimal):
         return str(value)
+    if isinstance(value, (bytes, bytearray, memoryview, datetime, date, time, UUID)):
+        return _dumps(_scalar_text(value))
     if isinstance(value, dict):
         return "{" + ",".join(_dumps(k) + ":" + _json_with_decimals(v) for k, v in value.items()) + "}"
     if isinstance(value, list):

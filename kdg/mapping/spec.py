@@ -11,6 +11,8 @@ or ``--mapping orders.toml``::
     on_tombstone = "delete"      # dead-letter (default) | delete | ignore
     create_table = false
     envelope = "none"            # none (default) | debezium: the row is the change event's `after`
+    value_format = "json"        # json (default) | avro | protobuf | json-schema (through a Schema Registry) | raw
+    key_format = "json"          # how key:FIELD sources read the key, the same choices
     [columns]
     order_id = { type = "bigint", from = "json:id" }
     note = { from = "json:note" }  # no type: the table's own (the table must exist)
@@ -25,12 +27,14 @@ from pathlib import Path
 from kdg.errors import UsageError
 from kdg.mapping.sources import Source, parse_source
 from kdg.mapping.types import ColumnType, parse_type
+from kdg.schemas.formats import check_format
 from kdg.settings import TableName, sql_identifier, table_name
 
 MODES = ("insert", "upsert")
 TOMBSTONES = ("dead-letter", "delete", "ignore")
 ENVELOPES = ("none", "debezium")
-_FILE_KEYS = {"table", "mode", "key", "on_tombstone", "create_table", "columns", "envelope"}
+_FILE_KEYS = {"table", "mode", "key", "on_tombstone", "create_table", "columns", "envelope", "value_format",
+              "key_format"}
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,8 @@ class Mapping:
     on_tombstone: str = "dead-letter"
     create_table: bool = False
     envelope: str = "none"             # debezium: json: sources read the event's after (before for a delete)
+    value_format: str = "json"         # how the value is decoded for json: sources (kdg.schemas.codecs.FORMATS)
+    key_format: str = "json"           # ... and the key for key:FIELD sources
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
@@ -85,6 +91,7 @@ class Mapping:
     def to_dict(self) -> dict:
         return {"table": self.table.text, "mode": self.mode, "key": list(self.key),
                 "on_tombstone": self.on_tombstone, "create_table": self.create_table, "envelope": self.envelope,
+                "value_format": self.value_format, "key_format": self.key_format,
                 "columns": [{"name": c.name, "type": c.type_name, "from": c.source.spec} for c in self.columns]}
 
 
@@ -123,13 +130,14 @@ def load_file(path: Path) -> dict:
     if isinstance(key, str):
         key = [key]
     for name, kind in (("table", str), ("mode", str), ("on_tombstone", str), ("create_table", bool), ("key", list),
-                       ("envelope", str)):
+                       ("envelope", str), ("value_format", str), ("key_format", str)):
         value = key if name == "key" else doc.get(name)
         if value is not None and not isinstance(value, kind):
             raise UsageError(f"--mapping {path}: {name} must be a {kind.__name__}, not {value!r}")
     return {"table": doc.get("table"), "columns": parsed, "mode": doc.get("mode"), "key": tuple(key),
             "on_tombstone": doc.get("on_tombstone"), "create_table": doc.get("create_table"),
-            "envelope": doc.get("envelope")}
+            "envelope": doc.get("envelope"), "value_format": doc.get("value_format"),
+            "key_format": doc.get("key_format")}
 
 
 def _file_column(path: Path, name: str, entry) -> Column:
@@ -142,14 +150,15 @@ def _file_column(path: Path, name: str, entry) -> Column:
 
 def build_mapping(*, file: Path | None = None, columns: list[str] | None = None, table: str | None = None,
                   mode: str | None = None, on_tombstone: str | None = None, create_table: bool = False,
-                  key: tuple[str, ...] = (), envelope: str | None = None) -> Mapping | None:
+                  key: tuple[str, ...] = (), envelope: str | None = None, value_format: str | None = None,
+                  key_format: str | None = None) -> Mapping | None:
     """The mapping the flags and file describe, flags winning; None when no typed-sink option was given.
 
     Under ``envelope = debezium`` the mode defaults to upsert and tombstones to delete: a change stream's
     creates and updates replace the row, its deletes remove it."""
     if file is None and not columns and mode is None and on_tombstone is None and not create_table \
             and envelope is None:
-        return None
+        return None  # (a --value-format alone is for the stdout sink or --id-from; the caller checks it)
     base = load_file(file) if file is not None else {}
     merged: dict[str, Column] = {c.name: c for c in base.get("columns", [])}
     for column in map(parse_column, columns or []):
@@ -164,7 +173,8 @@ def build_mapping(*, file: Path | None = None, columns: list[str] | None = None,
     mapping = Mapping(table_name(table), tuple(merged.values()),
                       mode or base.get("mode") or ("upsert" if cdc else "insert"), key or base.get("key") or (),
                       on_tombstone or base.get("on_tombstone") or ("delete" if cdc else "dead-letter"),
-                      bool(create_table or base.get("create_table")), envelope)
+                      bool(create_table or base.get("create_table")), envelope,
+                      value_format or base.get("value_format") or "json", key_format or base.get("key_format") or "json")
     return validate(mapping)
 
 
@@ -175,6 +185,14 @@ def validate(mapping: Mapping) -> Mapping:
         raise UsageError(f"on_tombstone {mapping.on_tombstone!r}: use {', '.join(TOMBSTONES)}")
     if mapping.envelope not in ENVELOPES:
         raise UsageError(f"envelope {mapping.envelope!r}: use {' or '.join(ENVELOPES)}")
+    check_format(mapping.value_format, "value_format")
+    check_format(mapping.key_format, "key_format")
+    for fmt, kind, what in ((mapping.value_format, "value", "json:"), (mapping.key_format, "key", "key:FIELD")):
+        reading = next((c for c in mapping.columns if c.source.kind == kind), None)
+        if fmt == "raw" and (reading is not None or (kind == "value" and mapping.envelope != "none")):
+            shown = f"column {reading.name!r} reads {reading.source.spec!r}" if reading else "envelope = debezium"
+            raise UsageError(f"{kind}_format raw: {shown}, which needs the {kind} decoded; "
+                             f"use json, avro, protobuf or json-schema, or no {what} source")
     for name in mapping.key:
         sql_identifier(name, "key column")
     if len(set(mapping.key)) != len(mapping.key):

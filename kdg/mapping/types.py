@@ -10,7 +10,8 @@ Values are staged as text (jsonb for jsonb columns) and cast in ONE ``INSERT …
 to the type *without* its modifier, so the INSERT's own assignment applies it as Postgres would for
 any INSERT: a ``varchar(5)`` value too long is refused (22001), not cut; a ``numeric(12,2)`` rounded.
 A few families read more than Postgres's text input: timestamps and dates take epoch milliseconds
-too; an array column takes a JSON array; bytea takes the text's UTF-8 bytes.
+too; an array column takes a JSON array; bytea takes a text in Postgres's hex form (``\\x`` and pairs of
+hex digits: how decoded Avro and Protobuf bytes are staged) as those bytes, any other text as its UTF-8 bytes.
 
 Example:
     >>> parse_type("Numeric(12, 2)").name
@@ -31,7 +32,9 @@ _CASTS = {
     "text": "{v}", "character varying": "{v}", "character": "{v}",  # the INSERT applies the length
     "jsonb": "{v}",
     "bit": "({v})::bit varying",  # a bare ::bit is bit(1); the INSERT applies the column's length
-    "bytea": "convert_to({v}, 'UTF8')",
+    # Postgres's own hex form (``\\x0aff``, how kdg stages Avro and Protobuf bytes) as those bytes, else the UTF-8 text
+    "bytea": r"CASE WHEN {v} ~ '^\\x([0-9a-fA-F]{{2}})*$' THEN decode(substr({v}, 3), 'hex') "
+             "ELSE convert_to({v}, 'UTF8') END",
     "timestamp with time zone": f"CASE WHEN {_EPOCH_MS} THEN {_FROM_MS} ELSE ({{v}})::timestamptz END",
     "timestamp without time zone": f"CASE WHEN {_EPOCH_MS} THEN {_FROM_MS} AT TIME ZONE 'UTC' "
                                    "ELSE ({v})::timestamp END",

@@ -15,7 +15,8 @@ from kdg.store.pg import Store
 
 
 class TypedPostgresSink(PostgresSink):
-    def __init__(self, dsn: str, mapping: Mapping, group: str, topic: str, dlq: DeadLetterQueue, handler=None):
+    def __init__(self, dsn: str, mapping: Mapping, group: str, topic: str, dlq: DeadLetterQueue, handler=None,
+                 registry: dict[str, str] | None = None):
         self.store = Store(dsn)
         try:
             self.target, _ = self.store.prepare_typed(mapping)  # checked before any record is read
@@ -23,7 +24,7 @@ class TypedPostgresSink(PostgresSink):
             self.store.close()
             raise
         self.table = self.target.mapping.table  # its identity, schema-qualified
-        self.rows = RowMaker(self.target.mapping)
+        self.rows = RowMaker(self.target.mapping, registry)  # registry: for a schema'd value or key format
         self._setup(dsn, group, topic, dlq, handler, pipeline=0)  # typed batches are written one at a time
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:

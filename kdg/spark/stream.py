@@ -49,6 +49,7 @@ class StreamRequest:
     conn: Connection
     table: str = "kdg_events"
     mapping: "Mapping | None" = None
+    value_format: str = "json"         # how --id-from json: reads values outside a mapping (kdg.schemas)
     master: str = "local[*]"
     checkpoint: str | None = None     # a directory or a Hadoop URI; default: <state dir>/spark-stream/<group>-<topic>-<hash>
     trigger: str = "1s"               # an interval, available-now, or real-time[:INTERVAL]
@@ -202,6 +203,7 @@ def run_spark_stream(req: StreamRequest) -> StreamReport:
         starting, positions, report.started_from = _starting_offsets(req, policy, store, checkpoint, partitions)
         spec = WriteSpec(req.conn.pg_dsn, identity.text, req.group, policy.dedup, req.chunk_rows, typed=typed,
                          id_from=req.id_from if id_kind == "json" else None,
+                         value_format=req.value_format, registry=req.conn.registry,
                          dead_letters=DeadLetterSpec(policy.guarantee.value, req.conn.bootstrap_servers, req.topic,
                                                      req.conn.extra))
         batches = _Batches(req, policy, store, spec, fences, report, positions)

@@ -41,6 +41,8 @@ class WriteSpec:
     typed: "object | None" = None            # a TypedTarget: the user's table, through a mapping
     dead_letters: DeadLetterSpec | None = None
     id_from: str | None = None             # a json: key, read here in Python where the kdg-id header is missing
+    value_format: str = "json"             # how that json: key reads the value (a typed sink: its mapping's)
+    registry: dict | None = None           # Schema Registry settings, for schema'd formats (never in Spark's conf)
 
 
 def _keys(spec: WriteSpec):
@@ -49,7 +51,12 @@ def _keys(spec: WriteSpec):
         return None
     from kdg.keys import KeyResolver
 
-    resolver = KeyResolver(spec.id_from)
+    decode = None
+    if spec.value_format not in ("json", "raw"):
+        from kdg.schemas.codecs import decoder
+
+        decode = decoder(spec.value_format, spec.registry)
+    resolver = KeyResolver(spec.id_from, decode)
     return lambda key, rec: key if key is not None else resolver.key_or_fallback(rec, fallback=not spec.dedup)
 
 
@@ -132,7 +139,7 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
     from kdg.sinks.dead_letters import refused_row
     from kdg.store.pg import Store
 
-    maker, dlq = RowMaker(spec.typed.mapping), _LazyDeadLetters(spec.dead_letters)
+    maker, dlq = RowMaker(spec.typed.mapping, spec.registry), _LazyDeadLetters(spec.dead_letters)
     totals = {"rows_read": 0, "rows_written": 0, "duplicates_dropped": 0, "chunks": 0, "dead_lettered": 0}
     seen: set[str] = set()
     pending: list[tuple[Record, str]] = []

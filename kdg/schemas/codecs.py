@@ -1,0 +1,216 @@
+"""Record values (and keys) to documents the mapping reads, and back: JSON, Avro, Protobuf, JSON Schema.
+
+A decoder turns a record's bytes into the document ``json:`` sources read: a dict for an object, with
+plain Python values inside (Avro's and Protobuf's bytes, dates and timestamps stay what they are; the
+mapping writes them as Postgres reads them). A value it cannot decode — not the wire format, an unknown
+schema id, a corrupt payload, a JSON Schema it breaks — raises ValueError with the reason, and the
+record goes to the dead-letter topic with it. A registry that cannot be reached raises
+:class:`kdg.errors.ConnectionFailed`: that is nobody's record's fault.
+
+Records are decoded with the schema they were written with (the id in the record), so a record written
+with a newer, compatible schema still maps: a column whose field it lacks is NULL.
+"""
+
+import io
+import json
+from decimal import Decimal
+
+from kdg.errors import MissingComponent
+from kdg.mapping.sources import parse_json
+from kdg.schemas.formats import REGISTRY_TYPE
+from kdg.schemas.registry import Registry
+from kdg.schemas.wire import first_message_indexes, frame, split_frame, split_indexes
+
+_NAMES = {"avro": "Avro", "protobuf": "Protobuf", "json-schema": "JSON Schema"}
+
+
+_MODULES = {"avro": ("fastavro",), "protobuf": ("google.protobuf", "grpc_tools"), "json-schema": ("jsonschema",)}
+
+
+def require_codec(fmt: str) -> None:
+    """Import what ``fmt`` needs now, so a missing package is one clear error (exit 3), never a dead letter."""
+    import importlib
+
+    for name in _MODULES[fmt]:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            raise MissingComponent(f"--value-format {fmt} needs {name.split('.')[0]}: pip install 'kdg[schemas]'") \
+                from None
+
+
+class SchemaDecoder:
+    """Decodes one schema'd format; schemas (and what is compiled from them) are kept per id."""
+
+    def __init__(self, fmt: str, registry: Registry):
+        require_codec(fmt)
+        self.fmt, self.registry = fmt, registry
+        self._compiled: dict[int, object] = {}
+        self._decode = {"avro": self._avro, "protobuf": self._protobuf, "json-schema": self._json_schema}[fmt]
+
+    def __call__(self, data: bytes | None):
+        if data is None:
+            return None
+        schema_id, payload = split_frame(data)
+        compiled = self._compiled.get(schema_id)
+        if compiled is None:
+            compiled = self._compiled[schema_id] = self._compile(schema_id)
+        return self._decode(schema_id, compiled, payload)
+
+    def _compile(self, schema_id: int):
+        text, schema_type = self.registry.schema(schema_id)
+        expected = REGISTRY_TYPE[self.fmt]
+        # a registry that leaves schemaType out means AVRO, and the client says so: only another type is a mismatch
+        if schema_type and schema_type.upper() not in (expected, "AVRO"):
+            raise ValueError(f"schema id {schema_id} is {schema_type}, not {_NAMES[self.fmt]}")
+        try:
+            if self.fmt == "avro":
+                import fastavro
+                return fastavro.parse_schema(json.loads(text))
+            if self.fmt == "protobuf":
+                from kdg.schemas.proto import ProtoFile
+                return ProtoFile(text)
+            import jsonschema
+            schema = json.loads(text)
+            return jsonschema.validators.validator_for(schema)(schema)
+        except ValueError as exc:
+            raise ValueError(f"schema id {schema_id} is not a valid {_NAMES[self.fmt]} schema: {exc}") from None
+        except Exception as exc:  # fastavro's SchemaParseException and jsonschema's SchemaError
+            raise ValueError(f"schema id {schema_id} is not a valid {_NAMES[self.fmt]} schema: "
+                             f"{type(exc).__name__}: {exc}") from None
+
+    def _avro(self, schema_id: int, parsed, payload: bytes):
+        from fastavro import schemaless_reader
+
+        buf = io.BytesIO(payload)
+        try:
+            doc = schemaless_reader(buf, parsed, None)
+        except Exception as exc:  # EOFError, struct.error, UnicodeDecodeError, IndexError …: a corrupt payload
+            raise ValueError(f"corrupt Avro payload (schema id {schema_id}): {type(exc).__name__}: {exc}") from None
+        if buf.tell() != len(payload):
+            raise ValueError(f"corrupt Avro payload (schema id {schema_id}): {len(payload) - buf.tell()} byte(s) "
+                             "left after the record")
+        return doc
+
+    def _protobuf(self, schema_id: int, proto_file, payload: bytes):
+        from kdg.schemas.proto import message_values
+
+        indexes, body = split_indexes(payload)
+        cls = proto_file.message(indexes)
+        try:
+            return message_values(cls.FromString(body))
+        except Exception as exc:  # google.protobuf.message.DecodeError
+            raise ValueError(f"corrupt Protobuf payload (schema id {schema_id}): {type(exc).__name__}: {exc}") from None
+
+    def _json_schema(self, schema_id: int, validator, payload: bytes):
+        try:
+            doc = parse_json(payload)
+        except ValueError as exc:
+            raise ValueError(f"bad JSON (schema id {schema_id}): {exc}") from None
+        error = next(iter(validator.iter_errors(doc)), None)
+        if error is not None:
+            where = "/".join(str(p) for p in error.absolute_path)
+            raise ValueError(f"does not match its JSON Schema (id {schema_id})"
+                             + (f" at /{where}" if where else "") + f": {error.message}")
+        return doc
+
+
+def decoder(fmt: str, registry_settings: dict[str, str] | None, registry: Registry | None = None):
+    """``decode(bytes) → document`` for ``fmt``; ``raw`` gives None (only key, header and metadata sources read)."""
+    if fmt == "json":
+        return parse_json
+    if fmt == "raw":
+        return lambda data: None
+    return SchemaDecoder(fmt, registry or Registry(registry_settings or {}))
+
+
+class SchemaEncoder:
+    """Encodes JSON documents with one schema registered under ``subject`` (``TOPIC-value``), for `kdg produce`."""
+
+    def __init__(self, fmt: str, schema_text: str, subject: str, registry: Registry):
+        require_codec(fmt)
+        self.fmt, self.subject = fmt, subject
+        if fmt == "avro":
+            import fastavro
+            self._schema = fastavro.parse_schema(json.loads(schema_text))
+        elif fmt == "protobuf":
+            from kdg.schemas.proto import ProtoFile
+            self._message = ProtoFile(schema_text).message((0,))
+        else:
+            import jsonschema
+            schema = json.loads(schema_text)
+            self._validator = jsonschema.validators.validator_for(schema)(schema)
+        self.schema_id = registry.register(subject, schema_text, REGISTRY_TYPE[fmt])
+        self._encode = {"avro": self._avro, "protobuf": self._protobuf, "json-schema": self._json}[fmt]
+
+    def __call__(self, text: bytes) -> bytes:
+        """The framed bytes of a JSON document (``text``); ValueError if it is not JSON or the schema does not fit."""
+        return frame(self.schema_id, self._encode(text))
+
+    def _avro(self, text: bytes) -> bytes:
+        from fastavro import schemaless_writer
+
+        doc = _json(text, parse_float=Decimal)  # a decimal's digits as written
+        buf = io.BytesIO()
+        try:
+            schemaless_writer(buf, self._schema, _avro_ready(self._schema, doc), strict=True)
+        except Exception as exc:  # ValueError, TypeError, fastavro's validation errors
+            raise ValueError(f"does not fit the Avro schema: {type(exc).__name__}: {exc}") from None
+        return buf.getvalue()
+
+    def _protobuf(self, text: bytes) -> bytes:
+        from google.protobuf import json_format
+
+        try:  # Protobuf's JSON mapping: int64 as numbers or strings, bytes as base64, Timestamps as RFC 3339
+            msg = json_format.Parse(text, self._message())
+        except json_format.ParseError as exc:
+            raise ValueError(f"does not fit the Protobuf message: {exc}") from None
+        return first_message_indexes() + msg.SerializeToString()
+
+    def _json(self, text: bytes) -> bytes:
+        error = next(iter(self._validator.iter_errors(_json(text))), None)
+        if error is not None:
+            raise ValueError(f"does not match the JSON Schema: {error.message}")
+        return text  # the document as written
+
+
+def _json(text: bytes, **options):
+    try:
+        return json.loads(text, **options)
+    except ValueError as exc:
+        raise ValueError(f"not JSON ({exc})") from None
+
+
+def _avro_ready(schema, value):
+    """A JSON value made ready for Avro ``schema``: bytes and fixed take a string's characters as bytes
+    (Avro's own JSON encoding: each character one byte, 0-255); a decimal takes a JSON number."""
+    if isinstance(schema, list):  # a union: the branch the value fits, bytes-like only for a string
+        if value is None:
+            return None
+        for branch in schema:
+            if branch != "null" and (not isinstance(value, str) or _bytes_like(branch)):
+                return _avro_ready(branch, value)
+        return value
+    if not isinstance(schema, dict):
+        return value.encode("latin-1") if isinstance(value, str) and schema == "bytes" else value
+    kind = schema.get("type")
+    if schema.get("logicalType") == "decimal" and isinstance(value, (int, float, Decimal)):
+        return Decimal(str(value))
+    if kind in ("bytes", "fixed") and isinstance(value, str):
+        try:
+            return value.encode("latin-1")
+        except UnicodeEncodeError:
+            raise ValueError(f"a {kind} value must be characters U+0000 to U+00FF (Avro's JSON encoding)") from None
+    if kind == "record" and isinstance(value, dict):  # fields the schema lacks stay, for strict to name them
+        types = {f["name"]: f["type"] for f in schema["fields"]}
+        return {k: _avro_ready(types[k], v) if k in types else v for k, v in value.items()}
+    if kind == "array" and isinstance(value, list):
+        return [_avro_ready(schema["items"], v) for v in value]
+    if kind == "map" and isinstance(value, dict):
+        return {k: _avro_ready(schema["values"], v) for k, v in value.items()}
+    return value
+
+
+def _bytes_like(branch) -> bool:
+    kind = branch.get("type") if isinstance(branch, dict) else branch
+    return kind in ("string", "bytes", "fixed", "enum") or (isinstance(branch, dict) and "logicalType" in branch)
