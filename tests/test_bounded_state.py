@@ -96,12 +96,12 @@ def test_a_duplicate_is_dropped_inside_the_window_and_written_outside_it(kdg, co
     assert sorted(audit["examples"]["duplicated_beyond_dedup_window"]) == sorted(ids[5:]), audit["examples"]
 
 
-def test_a_table_consumed_halfway_before_partitioned_claims_is_finished_after(kdg, conn, stack, topic):
+def test_a_table_consumed_halfway_before_partitioned_claims_is_finished_after(kdg, conn, stack, topic, tmp_path):
     """kdg as it was before migrations 003 and 004 consumes half of a topic into ``idt``; today's kdg
     migrates the database and finishes it. The old claims (spelling-keyed, one plain table; 10 of them
     claimed under ``public.idt`` too, as two spellings did) and ledger rows are converted, none lost."""
     n, table = 600, f"idt_{uuid.uuid4().hex[:8]}"
-    old = _old_kdg(BEFORE_IDENTITY, stack)
+    old = _old_kdg(BEFORE_IDENTITY, stack, tmp_path)
     with fresh_database(stack.pg_dsn, f"kdg_{uuid.uuid4().hex[:10]}") as dsn:
         env = {"KDG_PG_DSN": dsn}
         old("db", "migrate", env=env)
@@ -180,7 +180,7 @@ def _env(conn) -> dict:
             conn.bootstrap_servers, "KDG_PG_DSN": conn.pg_dsn}
 
 
-def _old_kdg(commit: str, stack):
+def _old_kdg(commit: str, stack, state: Path):
     """Run kdg as it was at ``commit`` (its ``kdg/`` from git, beside today's dependencies)."""
     where = Path(f"/tmp/kdg-old-{commit}")
     if not (where / "kdg").is_dir():
@@ -193,9 +193,10 @@ def _old_kdg(commit: str, stack):
         tarfile.open(fileobj=BytesIO(archive)).extractall(partial, filter="data")
         partial.rename(where)  # whole or not at all: a run stopped half-way leaves no half tree behind
 
+    # its state dir is not the stack's: today's stack.json may hold settings the old StackLayout does not know
     def run(*args, env: dict | None = None):
         full = {**os.environ, "PYTHONPATH": str(where), "KDG_BOOTSTRAP_SERVERS": stack.bootstrap_servers,
-                "KDG_PG_DSN": stack.pg_dsn, "KDG_STATE_DIR": str(stack.state_dir), **(env or {})}
+                "KDG_PG_DSN": stack.pg_dsn, "KDG_STATE_DIR": str(state), **(env or {})}
         full.pop("KDG_FAULT", None)
         proc = subprocess.run([sys.executable, "-m", "kdg", *map(str, args)], capture_output=True, text=True,
                               env=full, cwd=where, timeout=300)

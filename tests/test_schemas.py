@@ -96,17 +96,19 @@ def dead_letters(kdg, topic) -> list[dict]:
     ("avro", "exactly-once", "after-process-before-commit"),
     ("protobuf", "exactly-once", "after-process-before-commit"),
     ("json-schema", "exactly-once", "after-process-before-commit"),
-    ("avro", "at-least-once", "after-process-before-commit"),  # the weaker guarantees' anomalies, same fault
-    ("avro", "at-most-once", "after-commit-before-process"),
+    ("avro", "at-least-once", "after-process-before-commit"),  # the weaker guarantees' anomalies, each where it shows
+    pytest.param("avro", "at-most-once", "after-commit-before-process", marks=pytest.mark.long(
+        reason="make test budget: at-most-once's loss at this kill point is shown on JSON in test_typed_sink")),
 ])
 def test_schemad_orders_survive_a_consumer_kill_as_their_guarantee_says(kdg, conn, group, app_table, tmp_path,
                                                                         registry_env, fmt, guarantee, fault):
-    """600 orders in FMT; a consumer SIGKILLed at its 2nd batch, then run again. Exactly-once: every order once,
+    """600 orders in FMT (produced exactly-once for the exactly-once cases); a consumer SIGKILLed at its 2nd
+    batch, then run again. Exactly-once: every order once,
     typed exactly (decimal, timestamp, array, null); at-least-once: the killed batch twice; at-most-once: lost."""
     topic, n = f"t-{uuid.uuid4().hex[:10]}", 600
     ensure_topic(conn.bootstrap_servers, topic, partitions=3)
     produce(kdg, registry_env, topic, tmp_path, fmt, SCHEMA_FILE[fmt], [f"{i}|{order(fmt, i)}" for i in range(n)],
-            "-K", "|")
+            "-K", "|", "-g", "exactly-once" if guarantee == "exactly-once" else "at-least-once")  # end to end
     with Store(conn.pg_dsn) as store:
         store.execute(TABLE.format(t=app_table))
     args = ("consume", topic, "-G", group, "-g", guarantee, "--table", app_table, "--value-format", fmt,
@@ -134,8 +136,7 @@ def test_an_evolved_schema_maps_and_undecodable_records_are_dead_lettered_with_t
         kdg, conn, group, app_table, tmp_path, registry_env, schema_registry):
     """v1 orders, then v2 (a new field with a default) on one topic; then a value that is not the wire format,
     one with an unknown schema id and one whose Avro is cut short. The mapping is derived from the registry
-    (`kdg mapping from-schema`), the table made from it; the stdout sink shows the decoded values; Spark replays
-    the same topic through the same mapping."""
+    (`kdg mapping from-schema`), the table made from it; the stdout sink shows the decoded values."""
     topic = f"t-{uuid.uuid4().hex[:10]}"
     ensure_topic(conn.bootstrap_servers, topic, partitions=2)
     produce(kdg, registry_env, topic, tmp_path, "avro", "order_v1.avsc", [order("avro", i) for i in range(100)])
@@ -173,11 +174,26 @@ def test_an_evolved_schema_maps_and_undecodable_records_are_dead_lettered_with_t
     first = json.loads(shown[0])
     assert set(first) >= {"id", "placedAt", "amount", "tags"} and Decimal(str(first["amount"])) > 0, shown
 
-    replayed = f"{app_table}_replayed"
-    replay = as_json(kdg("spark-replay", topic, "-g", "exactly-once", "--mapping", mapping, "--table", replayed,
-                         "--create-table", "--json", env=registry_env, timeout=600))
-    assert (replay["rows_read"], replay["rows_written"], replay["dead_lettered"]) == (203, 200, 3), replay
-    assert table_rows(conn, replayed, "id, version, customer, amount, placed_at, tags, note, channel") == rows
+
+@pytest.mark.long(reason="make test budget: a Spark JVM; the executors map records with the RowMaker above")
+def test_spark_replay_decodes_an_avro_topic_on_its_executors(kdg, conn, app_table, tmp_path, registry_env):
+    """An Avro topic with one undecodable record, replayed by Spark through a mapping from the registry:
+    every order once, typed, and the bad record dead-lettered by the executor that read it."""
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=2)
+    produce(kdg, registry_env, topic, tmp_path, "avro", "order_v1.avsc", [order("avro", i) for i in range(200)])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"key": None, "value": _b64(frame(999_999, b"\x02")), "headers": [], "value_b64": True}))
+    kdg("produce", topic, "--format", "json", "--file", bad)
+    mapping = tmp_path / "orders.toml"
+    kdg("mapping", "from-schema", f"{topic}-value", "--table", app_table, "--key", "id", "-o", mapping,
+        env=registry_env)
+    replay = as_json(kdg("spark-replay", topic, "-g", "exactly-once", "--mapping", mapping, "--json",
+                         env=registry_env, timeout=600))
+    assert (replay["rows_read"], replay["rows_written"], replay["dead_lettered"]) == (201, 200, 1), replay
+    assert table_rows(conn, app_table, "id, version, customer, amount, placed_at, tags, note") == [
+        expected(i) for i in range(200)]
+    assert [d["headers"]["kdg-dlq-reason"][:24] for d in dead_letters(kdg, topic)] == ["unknown schema id 999999"]
 
 
 def _b64(data: bytes) -> str:

@@ -6,7 +6,7 @@ command (status, down, and the default connection settings) reads it back from t
 
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 HOST = "127.0.0.1"
@@ -131,4 +131,5 @@ class StackLayout:
         except FileNotFoundError:
             return None
         data["state_dir"] = Path(data["state_dir"])
-        return cls(**data)
+        known = {f.name for f in fields(cls)}  # a newer kdg's settings are not this one's to refuse
+        return cls(**{k: v for k, v in data.items() if k in known})
