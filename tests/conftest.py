@@ -18,6 +18,7 @@ import contextlib
 import fcntl
 import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -309,3 +310,24 @@ def audited(kdg, *args, env: dict | None = None) -> dict:
     report = json.loads(proc.stdout)
     assert (proc.returncode == 0) == report["balanced"], (proc.returncode, report)
     return report
+
+
+def change_stream(seed: int, snapshot: int, steps: int, ids: int) -> tuple[list[tuple], dict]:
+    """A source table's changes as Debezium sees them: ``(op, id, before, after)`` for a snapshot of
+    ``snapshot`` rows (op r), then ``steps`` random creates, updates and deletes over ``ids`` ids; and the
+    table's state at the end, by id."""
+    rng, source, events = random.Random(seed), {}, []
+    for i in range(snapshot):
+        source[i] = {"id": i, "name": f"n{i}", "qty": i}
+        events.append(("r", i, None, source[i]))
+    for step in range(steps):
+        i = rng.randrange(ids)
+        if i not in source:
+            source[i] = {"id": i, "name": f"new{step}", "qty": step}
+            events.append(("c", i, None, source[i]))
+        elif rng.random() < 0.2:
+            events.append(("d", i, source.pop(i), None))
+        else:
+            before, source[i] = source[i], {**source[i], "qty": step, "name": f"u{step}"}
+            events.append(("u", i, before, source[i]))
+    return events, source

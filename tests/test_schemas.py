@@ -4,7 +4,6 @@ from the registry, Spark, and a Debezium change stream in Avro. The codecs' pure
 """
 
 import json
-import random
 import signal
 import urllib.request
 import uuid
@@ -13,7 +12,7 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
-from conftest import as_json, audited
+from conftest import as_json, audited, change_stream
 
 from kdg.kafka.admin import ensure_topic
 from kdg.schemas.wire import frame
@@ -207,27 +206,13 @@ def test_a_debezium_change_stream_in_avro_leaves_the_table_equal_to_the_source(k
     """Debezium's envelope as Avro through the registry (before/after as a union with null, op, ts_ms): a
     snapshot, creates, updates and deletes each followed by its tombstone, keyed by id; the table ends equal
     to the source's last state."""
-    rng, source, lines = random.Random(23), {}, []
-
-    def emit(op, row_id, before, after):
+    events, source = change_stream(23, snapshot=20, steps=150, ids=30)
+    lines = []
+    for op, row_id, before, after in events:
         event = {"before": before, "after": after, "op": op, "ts_ms": 1767323045123}
         lines.append(json.dumps({"key": str(row_id), "value": json.dumps(event), "headers": []}))
         if op == "d":
             lines.append(json.dumps({"key": str(row_id), "value": None, "headers": []}))
-
-    for i in range(20):
-        source[i] = {"id": i, "name": f"n{i}", "qty": i}
-        emit("r", i, None, source[i])
-    for step in range(150):
-        i = rng.randrange(30)
-        if i not in source:
-            source[i] = {"id": i, "name": f"new{step}", "qty": step}
-            emit("c", i, None, source[i])
-        elif rng.random() < 0.2:
-            emit("d", i, source.pop(i), None)
-        else:
-            before, source[i] = source[i], {**source[i], "qty": step, "name": f"u{step}"}
-            emit("u", i, before, source[i])
     topic = f"t-{uuid.uuid4().hex[:10]}"
     produce(kdg, registry_env, topic, tmp_path, "avro", "change.avsc", lines, "--format", "json")
     with Store(conn.pg_dsn) as store:

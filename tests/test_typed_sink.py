@@ -7,7 +7,6 @@ TOML, staged rows) is tests/test_mapping.py.
 
 import json
 import os
-import random
 import signal
 import time
 import uuid
@@ -15,7 +14,7 @@ from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
-from conftest import as_json, audited
+from conftest import as_json, audited, change_stream
 
 from kdg.errors import UnknownTopic
 from kdg.kafka.admin import ensure_topic, topic_partitions
@@ -503,30 +502,16 @@ def test_a_wide_table_of_every_kind_of_type_takes_good_values_and_dead_letters_o
 def test_a_debezium_change_stream_leaves_the_table_equal_to_the_source(kdg, conn, group, table, tmp_path):
     """Debezium's JsonConverter shape (schema + payload, key and value): a snapshot, creates, updates and deletes
     (each followed by its tombstone), keyed by id; the table ends equal to the source's last state, 0/0."""
-    rng, source, lines = random.Random(22), {}, []
+    events, source = change_stream(22, snapshot=30, steps=300, ids=45)
     schema = {"type": "struct", "name": "shop.orders.Envelope", "optional": False, "fields": []}
-
-    def emit(op, row_id, before, after):
+    lines = []
+    for op, row_id, before, after in events:
         key = {"schema": {"type": "struct", "fields": [{"field": "id", "type": "int64"}]}, "payload": {"id": row_id}}
         event = {"before": before, "after": after, "op": op, "ts_ms": 1767323045123,
                  "source": {"connector": "postgresql", "db": "shop", "table": "orders"}}
         lines.append(envelope(json.dumps(key), json.dumps({"schema": schema, "payload": event})))
         if op == "d":
             lines.append(envelope(json.dumps(key), None))
-
-    for i in range(30):  # the snapshot
-        source[i] = {"id": i, "name": f"n{i}", "qty": i}
-        emit("r", i, None, source[i])
-    for step in range(300):
-        i = rng.randrange(45)
-        if i not in source:
-            source[i] = {"id": i, "name": f"new{step}", "qty": step}
-            emit("c", i, None, source[i])
-        elif rng.random() < 0.2:
-            emit("d", i, source.pop(i), None)
-        else:
-            before, source[i] = source[i], {**source[i], "qty": step, "name": f"u{step}"}
-            emit("u", i, before, source[i])
     topic = f"t-{uuid.uuid4().hex[:10]}"
     produce(kdg, topic, tmp_path, lines)
     create(conn, "CREATE TABLE {t} (id bigint PRIMARY KEY, name text NOT NULL, qty integer)", table)
