@@ -122,11 +122,9 @@ def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue, consumer: KdgC
 
 def value_decoder(req: ConsumeRequest):
     """How values are read outside a mapping (``--id-from json:``, the stdout sink): None for JSON or raw bytes."""
-    if req.value_format in ("json", "raw"):
-        return None
-    from kdg.schemas.codecs import decoder
+    from kdg.schemas.codecs import optional_decoder
 
-    return decoder(req.value_format, req.conn.registry)
+    return optional_decoder(req.value_format, req.conn.registry)
 
 
 def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool) -> Batch:

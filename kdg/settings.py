@@ -65,10 +65,8 @@ def connection(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
     registry = {k: extra.pop(k) for k in list(extra) if k.startswith(REGISTRY_PREFIXES)}
     if schema_registry:
         registry["schema.registry.url"] = schema_registry
-    elif "schema.registry.url" not in registry and layout.registry_port:
-        from kdg.stack.registry import url
-
-        registry["schema.registry.url"] = url(layout)
+    elif "schema.registry.url" not in registry and layout.registry_url:
+        registry["schema.registry.url"] = layout.registry_url
     return Connection(bootstrap_servers=bootstrap_servers or layout.bootstrap_servers, pg_dsn=dsn, extra=extra,
                       registry=registry)
 

@@ -28,8 +28,9 @@ class RowMaker:
         self._jsonb = [c.type.base == "jsonb" for c in mapping.columns]
         self._tombstones = mapping.on_tombstone
         self._cdc = mapping.envelope == "debezium"
-        self._decode_value, self._value_bad = _decoding(mapping.value_format, registry, "")
-        self._decode_key, self._key_bad = _decoding(mapping.key_format, registry, " in the record key")
+        client = _registry(mapping, registry)  # one client (and schema cache) for value and key
+        self._decode_value, self._value_bad = _decoding(mapping.value_format, client, "")
+        self._decode_key, self._key_bad = _decoding(mapping.key_format, client, " in the record key")
 
     def rows(self, records) -> tuple[list[tuple], list[tuple]]:
         """Staged rows for ``records`` (``(record, key)`` pairs; ``seq`` is the index), and dead letters.
@@ -153,14 +154,23 @@ class StagedRows:
                 yield key, rec.topic, rec.partition, rec.offset
 
 
-def _decoding(fmt: str, registry: dict[str, str] | None, where: str):
+def _registry(mapping: Mapping, settings: dict[str, str] | None):
+    """The registry client a mapping's schema'd formats share; None when neither format needs one."""
+    if not {mapping.value_format, mapping.key_format} - {"json", "raw"}:
+        return None
+    from kdg.schemas.registry import Registry
+
+    return Registry(settings or {})
+
+
+def _decoding(fmt: str, registry, where: str):
     """``(decode, reason prefix)`` for a value or key format: JSON's reasons say "bad JSON", a schema'd
     decoder's say what failed themselves (:mod:`kdg.schemas.codecs`)."""
     if fmt == "json":
         return parse_json, f"bad JSON{where}: "
     from kdg.schemas.codecs import decoder
 
-    return decoder(fmt, registry), ("record key: " if where else "")
+    return decoder(fmt, None, registry), ("record key: " if where else "")
 
 
 def _unwrapped(doc):

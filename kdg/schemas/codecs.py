@@ -115,6 +115,12 @@ class SchemaDecoder:
         return doc
 
 
+def optional_decoder(fmt: str, registry_settings: dict[str, str] | None):
+    """The decoder of a schema'd ``fmt``; None for json and raw, which need none outside a mapping
+    (``--id-from json:`` parses JSON itself, the stdout sink shows the bytes)."""
+    return None if fmt in ("json", "raw") else decoder(fmt, registry_settings)
+
+
 def decoder(fmt: str, registry_settings: dict[str, str] | None, registry: Registry | None = None):
     """``decode(bytes) → document`` for ``fmt``; ``raw`` gives None (only key, header and metadata sources read)."""
     if fmt == "json":

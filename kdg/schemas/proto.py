@@ -7,7 +7,6 @@ base64 ``FileDescriptorProto`` (what Confluent's Python serializer registers) is
 """
 
 import base64
-import binascii
 import contextlib
 import importlib.resources
 import io
@@ -42,7 +41,7 @@ def _descriptor_set(text: str) -> descriptor_pb2.FileDescriptorSet:
     if "message" not in text:  # maybe a base64 FileDescriptorProto
         try:
             fd = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(text, validate=True))
-        except (binascii.Error, ValueError, Exception):  # protobuf's DecodeError is an Exception
+        except Exception:  # binascii.Error, or protobuf's DecodeError: not a descriptor, so .proto text
             fd = None
         if fd is not None and fd.message_type:
             return descriptor_pb2.FileDescriptorSet(file=[fd])

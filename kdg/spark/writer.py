@@ -51,12 +51,9 @@ def _keys(spec: WriteSpec):
         return None
     from kdg.keys import KeyResolver
 
-    decode = None
-    if spec.value_format not in ("json", "raw"):
-        from kdg.schemas.codecs import decoder
+    from kdg.schemas.codecs import optional_decoder
 
-        decode = decoder(spec.value_format, spec.registry)
-    resolver = KeyResolver(spec.id_from, decode)
+    resolver = KeyResolver(spec.id_from, optional_decoder(spec.value_format, spec.registry))
     return lambda key, rec: key if key is not None else resolver.key_or_fallback(rec, fallback=not spec.dedup)
 
 

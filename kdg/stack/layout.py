@@ -13,6 +13,7 @@ HOST = "127.0.0.1"
 DEFAULT_BROKER_PORT = 19092
 DEFAULT_PG_PORT = 15432
 DEFAULT_REGISTRY_PORT = 18081  # as 19092 and 15432 are Kafka's and Postgres's own ports + 10000: 8081 + 10000
+REGISTRY_API_PATH = "/apis/ccompat/v6"  # Apicurio's Confluent-compatible API
 PG_USER = "kdg"
 PG_DATABASE = "kdg"
 
@@ -65,6 +66,11 @@ class StackLayout:
     @property
     def proxy_bootstrap(self) -> str:
         return ",".join(f"{HOST}:{self.proxy_port(n)}" for n in self.node_ids)
+
+    @property
+    def registry_url(self) -> str | None:
+        """The Schema Registry's Confluent-compatible API (``schema.registry.url``), None without one."""
+        return None if self.registry_port is None else f"http://{HOST}:{self.registry_port}{REGISTRY_API_PATH}"
 
     @property
     def bootstrap_servers(self) -> str:

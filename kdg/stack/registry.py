@@ -27,7 +27,6 @@ from kdg.stack import procs
 from kdg.stack.jars import require_java
 from kdg.stack.layout import HOST, StackLayout
 
-CCOMPAT_PATH = "/apis/ccompat/v6"
 _SOURCES = ("pom.xml", "application.properties", "settings.xml")  # in resources/maven/registry
 JVM_OPTIONS = ["-Xmx256m", "-XX:+UseSerialGC", "-XX:TieredStopAtLevel=1"]  # ~190 MB RSS, ready in 3-5 s
 # the app reads generic variables (KAFKA_BOOTSTRAP_SERVERS, AUTH_ENABLED, HTTP_PORT, ...) and Quarkus any
@@ -102,7 +101,7 @@ def ensure_built(echo=print) -> Path:
 # -- the server of one stack ------------------------------------------------------------------------
 def url(layout: StackLayout) -> str:
     """The Confluent-compatible API's base URL, as Confluent clients take it (``schema.registry.url``)."""
-    return f"http://{HOST}:{layout.registry_port}{CCOMPAT_PATH}"
+    return layout.registry_url
 
 
 def state_path(layout: StackLayout) -> Path:
