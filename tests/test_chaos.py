@@ -49,6 +49,9 @@ def test_lost_acknowledgements_duplicate_only_without_idempotence(stack):
 
 
 @pytest.mark.disrupts_stack
+# make test budget: in make test, the 2-minute soak (test_soak) kills a broker and restarts Postgres under
+# exactly-once consumers and checks 0/0/0, and the not-enough-replicas scenario takes the ISR under min.insync
+@pytest.mark.long
 def test_broker_and_postgres_faults_keep_exactly_once(stack):
     cells = _cells(stack, ("exactly-once", "broker-kill"), ("exactly-once", "postgres-restart"),
                    ("exactly-once", "min-isr"))
