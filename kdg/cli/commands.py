@@ -150,7 +150,7 @@ def produce(
     """
     from kdg import sources
     from kdg.errors import Interrupted
-    from kdg.lifecycle import Shutdown, StopRequested
+    from kdg.lifecycle import Shutdown
     from kdg.produce import ProduceRequest, run_produce
     from kdg.records import id_maker
     from kdg.schemas.registry import waiting_for_registry
@@ -165,30 +165,24 @@ def produce(
     id_maker(id_template)  # a bad --id template is refused before the topic is created
     endless = count is None and rate is not None and file is None
     conn = _conn(bootstrap, pg_dsn, props, profile, schema_registry)
+    # the schema is registered before anything is sent (a stop meanwhile ends kdg at once: nothing to finish)
+    with waiting_for_registry(wait_timeout, None, _notice):
+        encode = _value_encoder(value_format, schema, topic, conn, synthetic=count is not None or endless)
+    if count is not None or endless:
+        records = sources.synthetic(count, size, rate, opts)
+    else:
+        reader = sources.envelopes if fmt == "json" else sources.text_lines
+        if encode is not None:
+            from kdg.schemas.produce import encoded
+
+            plain = reader
+            # validated with the command's own options: the value to encode is what follows a -K delimiter
+            reader = lambda path, _opts: encoded(plain(path, opts), encode, value_format)  # noqa: E731
+        if file is not None:
+            sources.validate_file(file, reader)  # a bad line is reported before anything is sent
+        records = reader(file, opts)
     bar, progress = _progress(f"producing to {topic}", count, not as_json)
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
-        try:
-            with waiting_for_registry(wait_timeout, shutdown, _notice):  # the schema registered before anything is sent
-                encode = _value_encoder(value_format, schema, topic, conn, synthetic=count is not None or endless)
-        except StopRequested:
-            if endless:  # a long-running producer stopped cleanly: exit 0
-                _notice(f"{shutdown.signal}: stopped while waiting for the Schema Registry; nothing was sent")
-                return
-            raise Interrupted(f"{shutdown.signal}: stopped while waiting for the Schema Registry; nothing was sent",
-                              shutdown.signum) from None
-        if count is not None or endless:
-            records = sources.synthetic(count, size, rate, opts)
-        else:
-            reader = sources.envelopes if fmt == "json" else sources.text_lines
-            if encode is not None:
-                from kdg.schemas.produce import encoded
-
-                plain = reader
-                # validated with the command's own options: the value to encode is what follows a -K delimiter
-                reader = lambda path, _opts: encoded(plain(path, opts), encode, value_format)  # noqa: E731
-            if file is not None:
-                sources.validate_file(file, reader)  # a bad line is reported before anything is sent
-            records = reader(file, opts)
         req = ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=conn, ledger=not no_ledger,
                              ledger_retention=ledger_retention, id_template=id_template, txn_size=txn_size,
                              txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
