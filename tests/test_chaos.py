@@ -48,16 +48,14 @@ def test_lost_acknowledgements_duplicate_only_without_idempotence(stack):
     assert (eo.lost, eo.duplicates) == (0, 0), eo
 
 
-# make test budget: postgres-restart's cell is long; in make test, Postgres is restarted under an exactly-once
-# consumer of the generic sink mid-overlap in test_pipeline, of the typed sink in test_typed_sink and the soak
 @pytest.mark.disrupts_stack
-@pytest.mark.parametrize("fault", ["broker-kill", "min-isr", pytest.param("postgres-restart", marks=pytest.mark.long)])
-def test_broker_and_postgres_faults_keep_exactly_once(stack, fault):
-    cell = _cells(stack, ("exactly-once", fault))[("exactly-once", fault)]
-    assert (cell.lost, cell.duplicates, cell.unexpected) == (0, 0, 0), (fault, cell)
-    if fault == "min-isr":
-        assert any("NOT_ENOUGH_REPLICAS" in e["event"] for e in cell.timeline), cell.timeline
-    assert cluster.status(stack, with_quorum=False).healthy  # the fault restored what it broke
+def test_broker_and_postgres_faults_keep_exactly_once(stack):
+    cells = _cells(stack, ("exactly-once", "broker-kill"), ("exactly-once", "postgres-restart"),
+                   ("exactly-once", "min-isr"))
+    for key, cell in cells.items():
+        assert (cell.lost, cell.duplicates, cell.unexpected) == (0, 0, 0), (key, cell)
+    assert any("NOT_ENOUGH_REPLICAS" in e["event"] for e in cells[("exactly-once", "min-isr")].timeline)
+    assert cluster.status(stack, with_quorum=False).healthy  # every fault restored what it broke
 
 
 DISRUPTIVE = {"acks1-leader-loss", "not-enough-replicas", "read-anomaly",  # they stop brokers

@@ -149,8 +149,6 @@ def test_a_killed_consumer_over_sasl_ssl_does_what_its_guarantee_says(skdg, guar
     assert (audit["acked"], audit["lost"], audit["duplicates"]) == (1500, lost, duplicates), audit
 
 
-@pytest.mark.long  # make test budget: a Spark JVM (77 s with every worker busy); the login's translation into the
-# Kafka source's options is test_clients' (spark_source_options), its refusals test_spark_replay_refuses_a_login…
 def test_spark_replay_exactly_once_over_sasl_ssl(skdg):
     topic, table = _name("sec-spark"), f"replay_{uuid.uuid4().hex[:8]}"
     skdg("produce", topic, "-g", "exactly-once", "--count", 600, "--json")

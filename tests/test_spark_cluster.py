@@ -206,12 +206,8 @@ def test_exactly_once_on_the_cluster_leaves_nothing_behind_in_the_caller(kdg, sp
     assert "KeylessRecord" in tracebacks and "kdg.zip/kdg/spark/writer.py" in tracebacks
 
 
-# make test budget (a second cluster, 6 JVMs: 235-256 s with every worker busy; a job on the stack-up test's
-# 1-worker cluster instead took 160 s more there): in make test a task's Python worker is killed in
-# test_spark_replay's test_a_task_that_dies_mid_write and make demo's replay (local[*]); the cluster's start,
-# status and stop are test_stack_up_with_spark_workers_status_and_down's
-@pytest.mark.long
-@pytest.mark.parametrize("guarantee", ["exactly-once", "at-least-once"])
+# at-least-once's duplicates for a killed task are also test_spark_replay's test_a_task_that_dies_mid_write (make test)
+@pytest.mark.parametrize("guarantee", ["exactly-once", pytest.param("at-least-once", marks=pytest.mark.long)])
 def test_a_python_worker_killed_mid_write_on_an_executor(kdg, spark, conn, guarantee):
     """The existing fault, on the cluster: the first task's Python worker, on an executor, is SIGKILLed after
     its first chunk committed; Spark retries the task. Exactly-once: each key once. At-least-once: the
