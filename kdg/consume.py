@@ -20,6 +20,7 @@ from kdg.metrics import Metrics
 from kdg.offsets import OffsetProtocol, TopicEnd
 from kdg.records import Record
 from kdg.retention import check_dedup_retention
+from kdg.schemas.registry import waiting_for_registry
 from kdg.settings import Connection
 from kdg.sinks import Batch, parse_sink
 from kdg.sinks.dead_letters import DeadLetterQueue
@@ -53,7 +54,7 @@ class ConsumeRequest:
     notice: Callable[[str], None] = lambda text: None  # status lines (Postgres retries)
     dedup_retention: str | None = None  # exactly-once into Postgres: how long claims are kept (kdg.retention)
     shutdown: Shutdown = field(default_factory=Shutdown)  # requested (a signal): finish, commit, leave, return
-    wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S  # start-up: how long to wait for Kafka and Postgres to come up
+    wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S  # how long to wait for Kafka and Postgres to come up, and the registry
     metrics_port: int | None = None   # serve /metrics, /healthz and /readyz here (0: any free port)
     metrics_host: str = "0.0.0.0"
 
@@ -187,10 +188,16 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
     with Metrics("consume", policy.guarantee.value, req.metrics_port, req.metrics_host) as metrics:
         if metrics.enabled:
             req.notice(f"metrics on http://{req.metrics_host}:{metrics.port}/metrics (and /healthz, /readyz)")
+
+        def waiting(text: str) -> None:
+            metrics.turned()  # waiting for the Schema Registry is not a hung loop
+            req.notice(text)
+
         try:
-            _consume(req, policy, kind, report, metrics)
-        except StopRequested:
-            report.stopped_by = req.shutdown.signal or "stop requested"  # while waiting for Kafka or Postgres
+            with waiting_for_registry(req.wait_timeout, req.shutdown, waiting):
+                _consume(req, policy, kind, report, metrics)
+        except StopRequested:  # while waiting for Kafka, Postgres or the Schema Registry
+            report.stopped_by = req.shutdown.signal or "stop requested"
     return report
 
 
@@ -325,7 +332,14 @@ def _handle(msgs, req, policy, resolver, offsets, sink, report, metrics) -> None
         metrics.dropped(batch, req.topic, "not-held")
         return
     batch.submitted_at = time.monotonic()
-    _settle(sink.submit(batch, atomic=offsets.atomic), req, offsets, sink, report, metrics)
+    try:
+        outcomes = sink.submit(batch, atomic=offsets.atomic)
+    except StopRequested:  # stopped while waiting for the Schema Registry, the batch unwritten
+        if offsets.mode is CommitMode.BEFORE_PROCESSING:  # its offsets were committed first: lost, and counted
+            report.lost_in_outages += len(batch.records)
+            metrics.dropped(batch, req.topic, "registry-outage")
+        raise
+    _settle(outcomes, req, offsets, sink, report, metrics)
 
 
 def _settle(outcomes, req, offsets, sink, report, metrics) -> None:

@@ -3,8 +3,11 @@ Avro, Protobuf and JSON Schema into a typed table, an evolved schema, undecodabl
 from the registry, Spark, and a Debezium change stream in Avro. The codecs' pure half is in test_mapping.py.
 """
 
+import contextlib
 import json
 import signal
+import socket
+import threading
 import urllib.request
 import uuid
 from datetime import datetime, timedelta, timezone
@@ -129,6 +132,93 @@ def test_schemad_orders_survive_a_consumer_kill_as_their_guarantee_says(kdg, con
     else:
         assert kinds < every and len(found) == len(kinds)  # the killed batch was committed, never written
         assert (audit["lost"], audit["duplicates"]) == (n - len(found), 0) and audit["lost"] > 0, audit
+
+
+class Hop:
+    """A TCP hop to the registry at ``target``: its port is bound at once but refuses connections, as a
+    registry still starting does, until :meth:`open`; then it passes bytes both ways."""
+
+    def __init__(self, target: str):
+        host_port = target.split("/")[2]
+        self.upstream = (host_port.rsplit(":", 1)[0], int(host_port.rsplit(":", 1)[1]))
+        self.server = socket.socket()
+        self.server.bind(("127.0.0.1", 0))  # bound, not listening: a connection to it is refused
+        self.port = self.server.getsockname()[1]
+        self.url = target.replace(host_port, f"127.0.0.1:{self.port}")
+        self.sockets: list[socket.socket] = []
+        self.failures: list[BaseException] = []
+
+    def open(self) -> None:
+        self.server.listen()
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                client, _ = self.server.accept()
+                far = socket.create_connection(self.upstream, timeout=10)
+            except OSError as exc:
+                if self.server.fileno() != -1:
+                    self.failures.append(exc)
+                return
+            self.sockets += [client, far]
+            for a, b in ((client, far), (far, client)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: socket.socket, b: socket.socket) -> None:
+        with contextlib.suppress(OSError):
+            while data := a.recv(65536):
+                b.sendall(data)
+        with contextlib.suppress(OSError):
+            b.shutdown(socket.SHUT_WR)
+
+    def close(self) -> None:
+        for sock in [self.server, *self.sockets]:
+            sock.close()
+
+
+def test_a_registry_that_is_away_is_waited_for_and_past_the_wait_nothing_is_committed(
+        kdg, kdg_spawn, conn, group, app_table, tmp_path, registry_env, schema_registry):
+    """A registry away for longer than --wait-timeout: exit 5, naming it, with nothing written, committed or
+    dead-lettered. Away when the consumer first needs it, then back: it says it waits, then writes every order
+    once."""
+    topic, n = f"t-{uuid.uuid4().hex[:10]}", 300
+    produce(kdg, registry_env, topic, tmp_path, "avro", SCHEMA_FILE["avro"],
+            [f"{i}|{order('avro', i)}" for i in range(n)], "-K", "|", "-g", "exactly-once")
+    with Store(conn.pg_dsn) as store:
+        store.execute(TABLE.format(t=app_table))
+    args = ("consume", topic, "-G", group, "-g", "exactly-once", "--table", app_table, "--value-format", "avro",
+            *columns("avro"), "-e", "--json")
+    hop = Hop(schema_registry)
+    try:
+        away = {"KDG_SCHEMA_REGISTRY": hop.url}
+        gave_up = kdg(*args, "--wait-timeout", 2, env=away, check=False)
+        assert gave_up.returncode == 5, gave_up.stderr
+        assert f"cannot reach the Schema Registry at {hop.url}" in gave_up.stderr, gave_up.stderr
+        assert "waited" in gave_up.stderr and "Traceback" not in gave_up.stderr, gave_up.stderr
+        assert table_rows(conn, app_table) == []
+        with Store(conn.pg_dsn) as store:  # nor dead-lettered: a dead letter's offset would have been stored
+            assert store.stored_offsets(group, topic) == {}
+
+        consumer = kdg_spawn(*args, env=away)
+        seen = []
+        for line in consumer.stderr:  # the consumer's notices, until it says it waits (or it ends)
+            seen.append(line)
+            if "waiting for the Schema Registry" in line:
+                break
+        hop.open()
+        out, err = consumer.communicate(timeout=180)
+        assert consumer.returncode == 0, "".join(seen) + err
+        assert any("waiting for the Schema Registry" in line for line in seen), seen
+        assert hop.failures == [], hop.failures
+    finally:
+        hop.close()
+    report = json.loads(out)
+    assert (report["consumed"], report["dead_lettered"]) == (n, 0), report
+    assert table_rows(conn, app_table) == [expected(i) for i in range(n)]
+    audit = audited(kdg, topic, "--table", app_table, "-G", group)
+    assert (audit["lost"], audit["duplicates"]) == (0, 0) and audit["balanced"], audit
 
 
 def test_an_evolved_schema_maps_and_undecodable_records_are_dead_lettered_with_the_reason(

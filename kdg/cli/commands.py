@@ -153,6 +153,7 @@ def produce(
     from kdg.lifecycle import Shutdown
     from kdg.produce import ProduceRequest, run_produce
     from kdg.records import id_maker
+    from kdg.schemas.registry import waiting_for_registry
 
     opts = sources.LineOptions(key=key, key_delimiter=key_delimiter, headers=sources.parse_headers(header or []),
                                partition=partition)
@@ -164,7 +165,9 @@ def produce(
     id_maker(id_template)  # a bad --id template is refused before the topic is created
     endless = count is None and rate is not None and file is None
     conn = _conn(bootstrap, pg_dsn, props, profile, schema_registry)
-    encode = _value_encoder(value_format, schema, topic, conn, synthetic=count is not None or endless)
+    # the schema is registered before anything is sent (a stop meanwhile ends kdg at once: nothing to finish)
+    with waiting_for_registry(wait_timeout, None, _notice):
+        encode = _value_encoder(value_format, schema, topic, conn, synthetic=count is not None or endless)
     if count is not None or endless:
         records = sources.synthetic(count, size, rate, opts)
     else:

@@ -51,8 +51,9 @@ ShutdownTimeout = Annotated[float, typer.Option(
     "--shutdown-timeout", envvar="KDG_SHUTDOWN_TIMEOUT", help="On SIGTERM or SIGINT: seconds to finish the batch or "
     "transaction in flight, commit it and leave the group; past them (or on a second signal) it stops at once.")]
 WaitTimeout = Annotated[float, typer.Option(
-    "--wait-timeout", envvar="KDG_WAIT_TIMEOUT", help="Start-up: seconds to wait, backing off, for Kafka and Postgres "
-    "to come up (0: fail at once, exit 5). A refused login or an ACL is never waited for.")]
+    "--wait-timeout", envvar="KDG_WAIT_TIMEOUT", help="Seconds to wait, backing off, for Kafka and Postgres to come up "
+    "at start-up, and for a Schema Registry that is away (0: fail at once, exit 5). A refused login or an ACL is "
+    "never waited for.")]
 MetricsPort = Annotated[Optional[int], typer.Option(
     "--metrics-port", envvar="KDG_METRICS_PORT", help="Serve Prometheus metrics (/metrics), liveness (/healthz) and "
     "readiness (/readyz) on this port; 0 picks a free one and prints it.")]

@@ -32,6 +32,14 @@ class RowMaker:
         self._decode_value, self._value_bad = _decoding(mapping.value_format, client, "")
         self._decode_key, self._key_bad = _decoding(mapping.key_format, client, " in the record key")
 
+    def prepare(self, records) -> None:
+        """Schemas of ``records``' schema'd values and keys fetched before their rows are made (and a COPY
+        opens): see :meth:`kdg.schemas.codecs.SchemaDecoder.prepare`."""
+        if hasattr(self._decode_value, "prepare"):
+            self._decode_value.prepare([rec.value for rec, _ in records])
+        if hasattr(self._decode_key, "prepare"):
+            self._decode_key.prepare([rec.key for rec, _ in records])
+
     def rows(self, records) -> tuple[list[tuple], list[tuple]]:
         """Staged rows for ``records`` (``(record, key)`` pairs; ``seq`` is the index), and dead letters.
 

@@ -19,7 +19,7 @@ from kdg.errors import MissingComponent
 from kdg.mapping.sources import parse_json
 from kdg.schemas.formats import REGISTRY_TYPE
 from kdg.schemas.registry import Registry
-from kdg.schemas.wire import first_message_indexes, frame, split_frame, split_indexes
+from kdg.schemas.wire import MAGIC, first_message_indexes, frame, split_frame, split_indexes
 
 _NAMES = {"avro": "Avro", "protobuf": "Protobuf", "json-schema": "JSON Schema"}
 
@@ -56,6 +56,18 @@ class SchemaDecoder:
         if compiled is None:
             compiled = self._compiled[schema_id] = self._compile(schema_id)
         return self._decode(schema_id, compiled, payload)
+
+    def prepare(self, values) -> None:
+        """The schema of every id among ``values`` fetched (and compiled) if not yet: called between client calls,
+        so that a registry that is away is waited for there, never inside a COPY. An id the registry has not,
+        or a value not in the wire format, is left to decoding, which says why, record by record."""
+        for raw in {data[1:5] for data in values if data and data[0] == MAGIC and len(data) >= 5}:
+            schema_id = int.from_bytes(raw, "big")
+            if schema_id not in self._compiled:
+                try:
+                    self._compiled[schema_id] = self._compile(schema_id)
+                except ValueError:
+                    pass
 
     def _compile(self, schema_id: int):
         text, schema_type = self.registry.schema(schema_id)

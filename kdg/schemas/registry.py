@@ -2,20 +2,72 @@
 
 The settings come from the ``-F`` profile or ``-X`` (``schema.registry.url``, ``basic.auth.user.info``,
 ``schema.registry.ssl.ca.location`` …), or ``--schema-registry URL``; the local stack's registry when
-it runs one. Schemas are fetched once per id and kept; a registry that cannot be reached is a
-:class:`kdg.errors.ConnectionFailed` (the consumer stops, nothing is committed past it), never a
+it runs one. Schemas are fetched once per id and kept. A registry that cannot be reached, or answers
+5xx, 408 or 429, or a page that is not a registry's, is waited for with backoff, as start-up waits for
+Kafka and Postgres: for ``--wait-timeout`` by `kdg consume` and `kdg produce` (:func:`waiting_for_registry`),
+ending early on a stop request; elsewhere (a one-shot command, a Spark task) for :data:`BLIP_S`. Past it,
+it is a :class:`kdg.errors.ConnectionFailed` (the consumer stops, nothing is committed past it), never a
 reason to dead-letter a record.
 """
 
+import contextlib
 import time
 import warnings
+from dataclasses import dataclass, field
+from typing import Callable
 from urllib.parse import urlsplit
 
 from kdg.errors import ConnectionFailed, MissingComponent, UsageError
+from kdg.lifecycle import Shutdown, wait_until_up
 
 NEGATIVE_TTL_S = 30.0  # an id the registry did not know is asked again after this long
+BLIP_S = 10.0          # how long a registry that is away is waited for where no command said otherwise
+HTTP_TIMEOUT_S = 10.0  # a registry that takes a connection and never answers is away (schema.registry.timeout)
 _CLIENT_KEYS = ("url", "basic.auth.user.info", "basic.auth.credentials.source", "ssl.ca.location",
                 "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "timeout")
+
+
+@dataclass
+class Patience:
+    """How long a registry that is away is waited for, what ends the wait early, and who hears of it."""
+
+    timeout: float = BLIP_S
+    shutdown: Shutdown | None = None
+    notice: Callable[[str], None] = field(default=lambda text: None)
+
+
+# a blip's worth by default (a one-shot command, a Spark task); `kdg consume` and `kdg produce` set theirs
+# (--wait-timeout, their stop request, their notices) with waiting_for_registry
+PATIENCE = Patience()
+
+
+@contextlib.contextmanager
+def waiting_for_registry(timeout: float, shutdown: Shutdown | None, notice: Callable[[str], None]):
+    """For the life of a command: registry outages waited for up to ``timeout`` s, told to ``notice``, ended
+    by ``shutdown`` (:class:`kdg.lifecycle.StopRequested`, which the command takes as its stop)."""
+    global PATIENCE
+    before, PATIENCE = PATIENCE, Patience(timeout, shutdown, notice)
+    try:
+        yield
+    finally:
+        PATIENCE = before
+
+
+def _passing(exc: Exception) -> bool:
+    """Whether ``exc`` may pass by waiting: a refused or lost connection, a timeout; not a certificate the
+    client refuses, a URL it cannot use, or anything that is not the transport's."""
+    import ssl
+
+    import httpx
+
+    if not isinstance(exc, httpx.TransportError) or isinstance(exc, httpx.UnsupportedProtocol):
+        return False
+    cause = exc
+    while cause is not None:
+        if isinstance(cause, ssl.SSLError):
+            return False
+        cause = cause.__cause__ or cause.__context__
+    return True
 
 
 def _client_conf(settings: dict[str, str]) -> dict:
@@ -26,6 +78,7 @@ def _client_conf(settings: dict[str, str]) -> dict:
             raise UsageError(f"{key}: not a Schema Registry setting kdg knows; use schema.registry.url, "
                              "basic.auth.user.info or schema.registry.ssl.{ca,certificate,key}.location")
         conf[name] = float(value) if name == "timeout" else value
+    conf.setdefault("timeout", HTTP_TIMEOUT_S)
     if not conf.get("url"):
         raise UsageError("a schema'd format needs a Schema Registry: --schema-registry URL, schema.registry.url in "
                          "the -F profile, or a local stack started with `kdg stack up --schema-registry`")
@@ -51,18 +104,32 @@ class Registry:
             raise MissingComponent(f"schema'd formats need kdg's `schemas` extra: pip install 'kdg[schemas]' "
                                    f"({exc.name} is missing)") from None
         self._schema_cls, self._error = Schema, SchemaRegistryError
-        self._client = SchemaRegistryClient(conf)
+        # no retries of the client's own (sleeps a stop request cannot end): kdg's wait is the one (Patience)
+        self._client = SchemaRegistryClient({**conf, "max.retries": 0})
         self._by_id: dict[int, tuple[str, str | None]] = {}
         self._unknown: dict[int, float] = {}
 
     def _call(self, what: str, fn, *args):
-        try:
-            return fn(*args)
-        except self._error:
-            raise
-        except Exception as exc:  # httpx's connect/timeout errors and the like: the registry is not there
-            raise ConnectionFailed(f"cannot reach the Schema Registry at {self.url} ({what}): "
-                                   f"{type(exc).__name__}: {exc}") from None
+        """``fn(*args)``, waited for while the registry is away (see :class:`Patience`); its other errors raised."""
+        def once():
+            try:
+                return fn(*args)
+            except self._error as exc:
+                code = exc.http_status_code
+                if code in (408, 429) or code >= 500 or exc.error_code == -1:  # not serving yet, or busy, or
+                    # a page that is not the registry's (a proxy's in front of it, or a URL that misses its API)
+                    answer = (f"HTTP {code}: {exc.error_message}" if exc.error_code != -1 else
+                              f"HTTP {code} with a page that is not a registry's answer")
+                    raise ConnectionFailed(f"the Schema Registry at {self.url} answered {answer} ({what})") from None
+                raise
+            except Exception as exc:  # httpx's connect/timeout errors and the like: the registry is not there
+                failed = ConnectionFailed(f"cannot reach the Schema Registry at {self.url} ({what}): "
+                                          f"{type(exc).__name__}: {exc}")
+                failed.retriable = _passing(exc)
+                raise failed from None
+
+        p = PATIENCE
+        return wait_until_up("the Schema Registry", once, p.timeout, p.shutdown, p.notice)
 
     def schema(self, schema_id: int) -> tuple[str, str | None]:
         """``(schema_text, schema_type or None)`` of ``schema_id``; ValueError if the registry has no such id."""

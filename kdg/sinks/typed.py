@@ -29,6 +29,7 @@ class TypedPostgresSink(PostgresSink):
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
         """Write ``batch``; ``handler(rows, conn)`` gets the staged rows (see :mod:`kdg.mapping.rows`)."""
+        self.rows.prepare(batch.records)  # a registry that is away is waited for here, not inside the COPY
         rows = self.rows.staged(batch.records, keep=self.handler is not None)  # made as the COPY reads them
         self.dlq.send(batch.dead)  # durable before the rows and offsets that account for them commit
         records = batch.records
