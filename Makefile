@@ -26,7 +26,7 @@ demo: setup
 TEST_WORKERS ?= 3
 test: setup
 	$(KDG) stack fetch --schema-registry
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 ## test-fast: the pure-Python tier, no server started (under a minute)
 test-fast: setup
@@ -36,7 +36,7 @@ test-fast: setup
 ## local stack (kdg stack up); run it before resolving an issue that touches a guarantee path
 CHAOS_LONG ?= --messages 100000 --repeat 3 --faults consumer-kill,consumer-pause,postgres-restart,broker-kill
 test-long: setup
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m long --durations=10
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m long --durations=10
 	$(KDG) stack up
 	$(KDG) chaos run $(CHAOS_LONG) --report docs/chaos-long
 

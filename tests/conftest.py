@@ -81,12 +81,20 @@ def pytest_collection_modifyitems(config, items):
                       if item.module.__name__ in _LONG_MODULES else len(_LONG_MODULES))
 
 
-# (each whole module runs on one worker: --dist loadfile). The Spark modules take the longest, 7-15 minutes each
-# on 2 cores with every worker busy, so they go first, one to a worker; a Spark module started late was the
-# suite's tail (test_spark_stream, last, ran 8 minutes alone)
-_LONG_MODULES = ["test_spark_replay", "test_spark_cluster", "test_spark_stream", "test_chaos", "test_soak",
-                 "test_lifecycle", "test_typed_sink", "test_secure", "test_crash", "test_demo_output", "test_profile",
-                 "test_bad_input"]
+# (each whole module runs on one worker: --dist loadfile; --no-loadscope-reorder, or xdist would order them by their
+# number of tests instead). Longest first, as measured in a whole `make test` on 2 cores with every worker busy
+# (seconds, 2026-11-26): a module that takes minutes, started last, is the suite's tail.
+_LONG_MODULES = ["test_typed_sink",      # 520
+                 "test_secure",          # 440
+                 "test_chaos",           # 440
+                 "test_spark_stream",    # 430
+                 "test_bad_input",       # 340
+                 "test_spark_cluster",   # 190
+                 "test_demo_output",     # 175
+                 "test_spark_replay",    # 170
+                 "test_soak",            # 160
+                 "test_produce_consume", "test_schemas", "test_crash", "test_profile", "test_lifecycle",
+                 "test_end_of_topic", "test_pipeline", "test_stack", "test_wheel"]
 
 
 @pytest.hookimpl(hookwrapper=True)

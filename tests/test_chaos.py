@@ -48,22 +48,34 @@ def test_lost_acknowledgements_duplicate_only_without_idempotence(stack):
     assert (eo.lost, eo.duplicates) == (0, 0), eo
 
 
+# make test budget: postgres-restart's cell is long; in make test, Postgres is restarted under an exactly-once
+# consumer of the generic sink mid-overlap in test_pipeline, of the typed sink in test_typed_sink and the soak
 @pytest.mark.disrupts_stack
-def test_broker_and_postgres_faults_keep_exactly_once(stack):
-    cells = _cells(stack, ("exactly-once", "broker-kill"), ("exactly-once", "postgres-restart"),
-                   ("exactly-once", "min-isr"))
-    for key, cell in cells.items():
-        assert (cell.lost, cell.duplicates, cell.unexpected) == (0, 0, 0), (key, cell)
-    assert any("NOT_ENOUGH_REPLICAS" in e["event"] for e in cells[("exactly-once", "min-isr")].timeline)
-    assert cluster.status(stack, with_quorum=False).healthy  # every fault restored what it broke
+@pytest.mark.parametrize("fault", ["broker-kill", "min-isr", pytest.param("postgres-restart", marks=pytest.mark.long)])
+def test_broker_and_postgres_faults_keep_exactly_once(stack, fault):
+    cell = _cells(stack, ("exactly-once", fault))[("exactly-once", fault)]
+    assert (cell.lost, cell.duplicates, cell.unexpected) == (0, 0, 0), (fault, cell)
+    if fault == "min-isr":
+        assert any("NOT_ENOUGH_REPLICAS" in e["event"] for e in cell.timeline), cell.timeline
+    assert cluster.status(stack, with_quorum=False).healthy  # the fault restored what it broke
 
 
 DISRUPTIVE = {"acks1-leader-loss", "not-enough-replicas", "read-anomaly",  # they stop brokers
               "ack-lost-duplicate"}  # ... or take the stack's fault-proxy ports, which one test at a time can bind
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.disrupts_stack) if n in DISRUPTIVE else n
-                                  for n in SCENARIOS])
+# make test budget: acks1-leader-loss is long (a minute on the fault stack, which one test holds at a time); in
+# make test, read-anomaly shows acks=1's acknowledged records lost with a SIGKILLed leader, and the exactly-once
+# broker-kill cell and the soak show acks=all losing nothing to the same kill
+LONG_SCENARIOS = {"acks1-leader-loss"}
+
+
+def _scenario_marks(name: str) -> list:
+    return ([pytest.mark.disrupts_stack] if name in DISRUPTIVE else []) + (
+        [pytest.mark.long] if name in LONG_SCENARIOS else [])
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=_scenario_marks(n)) for n in SCENARIOS])
 def test_scenario_ends_as_the_story_predicts(stack, name):
     result = run_scenario(stack, name, echo=None)
     assert result["as_expected"], result
