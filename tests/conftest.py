@@ -43,6 +43,9 @@ TEST_REGISTRY_PORT = int(os.environ.get("KDG_TEST_REGISTRY_PORT", "28081"))
 # tier halves it (a 3,000-record replay: 24-28 CPU-s instead of 39-45), and the suite is bound by its 2 cores.
 # The same documented option a user sets (kdg/spark/session.py); a value already set wins.
 os.environ.setdefault("KDG_SPARK_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
+# The same for the test stacks' brokers, which live minutes under small bursts of load, restarted often: a stack
+# up and a small produce-consume-audit workload took 43-44 CPU-s of the brokers instead of 72-80
+os.environ.setdefault("KDG_KAFKA_JAVA_OPTIONS", "-XX:TieredStopAtLevel=1")
 RUN_DIR_ENV = "KDG_TEST_RUN_DIR"  # set by the process that owns the run; its xdist workers inherit it
 # fixtures that reach a server: a test using any of them is in the `stack` tier
 SERVER_FIXTURES = {"stack", "session_stack", "fault_stack", "external_pg", "secure_stack", "schema_registry"}

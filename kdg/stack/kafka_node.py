@@ -1,6 +1,8 @@
 """One KRaft node of the local cluster (broker and controller in one JVM): configure, format, start, stop."""
 
 import base64
+import os
+import shlex
 import subprocess
 import time
 import uuid
@@ -13,6 +15,7 @@ from kdg.stack.layout import HOST, StackLayout
 
 MAIN_CLASS = "kafka.Kafka"
 HEAP = "-Xmx512m"
+JAVA_OPTIONS_ENV = "KDG_KAFKA_JAVA_OPTIONS"  # more options for the stack's brokers' JVMs
 
 LOG4J2 = """\
 status = warn
@@ -92,7 +95,7 @@ def new_cluster_id() -> str:
 
 def _java_cmd(layout: StackLayout, node: int, main: str, *args: str) -> list[str]:
     log4j = layout.node_dir(node) / "log4j2.properties"
-    return [require_java(), HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true",
+    return [require_java(), HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true", *shlex.split(os.environ.get(JAVA_OPTIONS_ENV, "")),
             f"-Dlog4j2.configurationFile={log4j}", f"-Dkdg.node={config_path(layout, node)}",
             "-cp", java_classpath(), main, *args]
 
@@ -179,8 +182,6 @@ def stop_all(layout: StackLayout, nodes: list[int]) -> list[int]:
 
 def signal(layout: StackLayout, node: int, sig: int) -> bool:
     """Send ``sig`` (e.g. SIGSTOP / SIGCONT for a pause) to ``node``; False if it is not running."""
-    import os
-
     p = pid(layout, node)
     if p is None:
         return False
