@@ -8,7 +8,7 @@ import time
 import uuid
 from pathlib import Path
 
-from kdg.errors import StackError
+from kdg.errors import StackError, UsageError
 from kdg.stack import procs
 from kdg.stack.jars import java_classpath, require_java
 from kdg.stack.layout import HOST, StackLayout
@@ -95,9 +95,16 @@ def new_cluster_id() -> str:
 
 def _java_cmd(layout: StackLayout, node: int, main: str, *args: str) -> list[str]:
     log4j = layout.node_dir(node) / "log4j2.properties"
-    return [require_java(), HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true", *shlex.split(os.environ.get(JAVA_OPTIONS_ENV, "")),
+    return [require_java(), HEAP, "-XX:+UseG1GC", "-Djava.awt.headless=true", *_java_options(),
             f"-Dlog4j2.configurationFile={log4j}", f"-Dkdg.node={config_path(layout, node)}",
             "-cp", java_classpath(), main, *args]
+
+
+def _java_options() -> list[str]:
+    try:
+        return shlex.split(os.environ.get(JAVA_OPTIONS_ENV, ""))
+    except ValueError as exc:  # an unclosed quote
+        raise UsageError(f"{JAVA_OPTIONS_ENV}: {exc}") from None
 
 
 def prepare(layout: StackLayout, node: int, cluster_id: str) -> None:
