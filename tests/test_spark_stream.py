@@ -28,10 +28,7 @@ def _lines(proc) -> list[dict]:
     return [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
 
 
-# make test budget: at-least-once's run (the killed batch written twice) is long; in make test the exactly-once run
-# shows the same fault is real, as its re-run batch meets every row already written (duplicates_dropped == rows_in)
-@pytest.mark.parametrize("guarantee,repeats", [("exactly-once", False),
-                                               pytest.param("at-least-once", True, marks=pytest.mark.long)])
+@pytest.mark.parametrize("guarantee,repeats", [("exactly-once", False), ("at-least-once", True)])
 def test_a_driver_killed_after_writing_a_batch_then_a_lost_checkpoint(kdg, topic, group, tmp_path, guarantee,
                                                                             repeats):
     kdg("produce", topic, "-g", "at-least-once", "--count", 1500)  # no transaction markers: ~500 records a batch
