@@ -96,8 +96,8 @@ def _forget_caught_interrupts() -> None:
 
     CPython marks a KeyboardInterrupt that ends any string exec or eval as unhandled, even once it is caught
     (a Ctrl-C that lands while an import builds a dataclass or a namedtuple), and under ``-m`` turns the
-    exit into a death by SIGINT after finalisation: 2 start-ups in 120 interrupted within their first
-    1.5 s. Every string eval clears that mark as it starts, so one that ends normally, last, clears it.
+    exit into a death by SIGINT after finalisation: 4 of 240 start-ups interrupted at a random moment in
+    their first 4 s. Every string eval clears that mark as it starts, so one that ends normally, last, clears it.
     """
     exec("None", {})  # noqa: S102 — a constant string, run for its effect on the interpreter's flag
 

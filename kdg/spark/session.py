@@ -36,8 +36,8 @@ TASK_ATTEMPTS = 4  # Spark's own default for spark.task.maxFailures on a cluster
 _OWNED = {"spark.task.maxFailures"}
 _LOCAL = re.compile(r"^local(\[(\*|\d+)(,\s*\d+)?\])?$")
 _LOOPBACK = re.compile(r"^spark://(127\.0\.0\.1|localhost)(:\d+)?$")
-# more options for Spark's JVMs (driver and executors), after kdg's own: -XX:TieredStopAtLevel=1 halves the CPU of
-# a short job's JVM, which spends most of its life compiling (a 3,000-record replay: 21-25 CPU-s against 44-57)
+# more options for Spark's JVMs (driver and executors), after kdg's own: -XX:TieredStopAtLevel=1 cuts the CPU of
+# a short job's JVM, which spends most of its life compiling (a 3,000-record replay: 24-28 CPU-s against 39-45)
 JAVA_OPTIONS_ENV = "KDG_SPARK_JAVA_OPTIONS"
 _PACKAGE = Path(kdg.__file__).resolve().parent  # shipped whole to executors off the local master
 _jvm_log: Path | None = None  # Spark's JVM outlives a stopped session in this process, and keeps its log file
