@@ -9,6 +9,7 @@ from typing import Callable
 
 from kdg import faults
 from kdg.errors import ConnectionFailed, Fenced, RetryBatch, UsageError
+from kdg.batching import sort_rows
 from kdg.guarantees import CommitMode, policy_for
 from kdg.kafka.admin import topic_partitions
 from kdg.kafka.consumer import KdgConsumer, StartOffset
@@ -148,6 +149,7 @@ def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool)
         tp = (topic, partition)
         if tp not in first:
             first[tp] = offset
+            batch.first_timestamps[partition] = rec.timestamp
         if offset >= after.get(tp, 0):
             after[tp] = offset + 1
         value = rec.value or b""
@@ -325,7 +327,11 @@ def _stop_reason(req, got: bool, end, report, last_data: float, in_flight: int) 
 
 def _handle(msgs, req, policy, resolver, offsets, sink, report, metrics) -> None:
     faults.reach("after-poll-before-process")
-    batch = _sort(msgs, resolver, req, must_have_key=policy.dedup)
+    batch = None
+    if sink.takes_rows and resolver.kind is None:  # per batch where the batch allows (kdg.batching)
+        batch = sort_rows(msgs, req.max_bytes, req.require_utf8, must_have_key=policy.dedup)
+    if batch is None:
+        batch = _sort(msgs, resolver, req, must_have_key=policy.dedup)
     msgs.clear()
     if not offsets.before_write(batch):
         report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
@@ -336,7 +342,7 @@ def _handle(msgs, req, policy, resolver, offsets, sink, report, metrics) -> None
         outcomes = sink.submit(batch, atomic=offsets.atomic)
     except StopRequested:  # stopped while waiting for the Schema Registry, the batch unwritten
         if offsets.mode is CommitMode.BEFORE_PROCESSING:  # its offsets were committed first: lost, and counted
-            report.lost_in_outages += len(batch.records)
+            report.lost_in_outages += batch.good
             metrics.dropped(batch, req.topic, "registry-outage")
         raise
     _settle(outcomes, req, offsets, sink, report, metrics)
@@ -352,7 +358,7 @@ def _settle(outcomes, req, offsets, sink, report, metrics) -> None:
             metrics.settled(batch, result, req.topic, time.monotonic() - batch.submitted_at)
             report.consumed += len(batch)
             report.batches += 1
-            report.processed += len(batch.records) - result.dead_lettered
+            report.processed += batch.good - result.dead_lettered
             report.duplicates_suppressed += result.duplicates_suppressed
             report.dead_lettered += len(batch.dead) + result.dead_lettered
         elif isinstance(error, (Fenced, RetryBatch)):
@@ -396,15 +402,15 @@ def _wait_for_postgres(exc, batch, req, offsets, sink, report, metrics) -> None:
     metrics.outage(waited)
     if not back:  # stopped while waiting; the loop sees the request next
         if offsets.mode is CommitMode.BEFORE_PROCESSING:
-            report.lost_in_outages += len(batch.records)
+            report.lost_in_outages += batch.good
             metrics.dropped(batch, req.topic, "postgres-outage")
         req.notice(f"stopped while waiting for Postgres ({waited:.1f} s): the batch in flight was not written")
         return
     metrics.not_ready = None if offsets.consumer.assigned else "no partitions assigned"
     again = offsets.resume_after_outage(batch)
     if not again:
-        report.lost_in_outages += len(batch.records)
+        report.lost_in_outages += batch.good
         metrics.dropped(batch, req.topic, "postgres-outage")
     req.notice(f"Postgres is back after {waited:.1f} s; " + (
         "reading on from the stored offsets" if again else
-        f"{len(batch.records)} records of the batch in flight are not written (their offsets were committed first)"))
+        f"{batch.good} records of the batch in flight are not written (their offsets were committed first)"))

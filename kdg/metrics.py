@@ -147,12 +147,8 @@ class Metrics:
             return
         g = self.guarantee
         read: Tally = Tally(rec.partition for rec, _, _ in batch.dead)
-        oldest: dict[int, int] = {}
-        for rec, _ in batch.records:
-            p = rec.partition
-            read[p] += 1
-            if p not in oldest and rec.timestamp:
-                oldest[p] = rec.timestamp
+        read.update(batch.partitions())
+        oldest = batch.first_timestamps
         for p, n in read.items():
             self.read.labels(g, topic, str(p)).inc(n)
         self.written.labels(g, topic).inc(result.written)
@@ -162,12 +158,13 @@ class Metrics:
         self.commit_seconds.labels(g, topic).observe(seconds)
         now_ms = time.time() * 1000
         for ts in oldest.values():
-            self.e2e_seconds.labels(g, topic).observe(max(now_ms - ts, 0) / 1000)
+            if ts > 0:
+                self.e2e_seconds.labels(g, topic).observe(max(now_ms - ts, 0) / 1000)
 
     def dropped(self, batch, topic: str, reason: str) -> None:
         if not self.enabled:
             return
-        for p, n in Tally(rec.partition for rec, _ in batch.records).items():
+        for p, n in Tally(batch.partitions()).items():
             self.skipped.labels(self.guarantee, topic, str(p), reason).inc(n)
 
     def outage(self, seconds: float) -> None:

@@ -51,6 +51,61 @@ def test_sort_keys_offsets_and_dead_letters():
     assert len(batch) == 5
 
 
+def _kdg_msgs(changes=None, n=6):
+    """Messages as kdg produces them (kdg-id, kdg-seq), over two partitions; ``changes[i]`` edits message i."""
+    msgs = []
+    for i in range(n):
+        fields = dict(topic="t", partition=i % 2, offset=100 + i, key=b"k%d" % i if i % 3 else None,
+                      value=b'{"n": %d}' % i, headers=[("kdg-id", b"id-%d" % i), ("kdg-seq", b"%d" % i)],
+                      timestamp=(1, 1_700_000_000_000 + i))
+        fields.update((changes or {}).get(i, {}))
+        msgs.append(confluent_kafka.Message(**fields))
+    return msgs
+
+
+BATCHES = {  # name: (messages, whether the per-batch sort takes them)
+    "kdg's own": (_kdg_msgs(), True),
+    "no headers at all": ([_msg(i % 2, i) for i in range(4)], True),
+    "the same headers, other names": (_kdg_msgs({i: {"headers": [("a%b", b"1"), ("kdg-id", b"x%d" % i), ("kdg-id", b"y%d" % i)]}
+                                                   for i in range(6)}), True),
+    "a null value": (_kdg_msgs({2: {"value": None}}), True),
+    "one record without headers": (_kdg_msgs({3: {"headers": None}}), False),
+    "headers in another order": (_kdg_msgs({1: {"headers": [("kdg-seq", b"1"), ("kdg-id", b"id-1")]}}), False),
+    "a header that JSON escapes": (_kdg_msgs({4: {"headers": [("kdg-id", b'q"4'), ("kdg-seq", b"4")]}}), False),
+    "a null header": (_kdg_msgs({0: {"headers": [("kdg-id", b"id-0"), ("kdg-seq", None)]}}), False),
+    "a value that is not UTF-8": (_kdg_msgs({5: {"value": b"ok\xc3"}}), False),
+    "a value split so that the next completes it": (_kdg_msgs({0: {"value": b"\xc3"}, 1: {"value": b"\xa9"}}), False),
+    "an oversize value": (_kdg_msgs({2: {"value": b"x" * 2000}}), False),
+    "two topics": (_kdg_msgs({3: {"topic": "u"}}), False),
+}
+
+
+@pytest.mark.parametrize("name", BATCHES)
+def test_the_per_batch_sort_makes_what_the_per_record_sort_makes(name):
+    """kdg.batching's rows, offsets and timestamps are the general sort's, or it leaves the batch to it."""
+    from kdg.batching import sort_rows
+    from kdg.store.rows import SinkRows, sink_row
+
+    msgs, taken = BATCHES[name]
+    req = ConsumeRequest("t", "g", "at-least-once", Connection("b", "d"), max_bytes=1000)
+    fast = sort_rows(list(msgs), req.max_bytes, req.require_utf8, must_have_key=False)
+    assert (fast is not None) == taken
+    if fast is None:
+        return
+    slow = _sort(list(msgs), KeyResolver(None), req, must_have_key=False)
+    assert not slow.dead
+    assert fast.rows.columns == SinkRows.of([sink_row(rec, key) for rec, key in slow.records]).columns
+    assert (fast.first_offsets, fast.next_offsets, fast.first_timestamps, len(fast)) == \
+        (slow.first_offsets, slow.next_offsets, slow.first_timestamps, len(slow))
+
+
+def test_the_per_batch_sort_leaves_a_keyless_batch_to_the_general_one_under_exactly_once():
+    from kdg.batching import sort_rows
+
+    assert sort_rows([_msg(0, 1), _msg(0, 2)], 1000, True, must_have_key=True) is None
+    assert sort_rows(_kdg_msgs(), 1000, True, must_have_key=True) is not None
+
+
 def test_sort_refuses_a_keyless_record_when_keys_are_required():
     req = ConsumeRequest("t", "g", "exactly-once", Connection("b", "d"))
     with pytest.raises(UsageError, match="t/2/5 has no kdg-id header"):

@@ -2,7 +2,7 @@
 
 import time
 
-from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaError, KafkaException, Message, TopicPartition
 
 from kdg.errors import DeliveryError, UsageError
 from kdg.guarantees import DeliveryPolicy
@@ -124,8 +124,13 @@ class KdgConsumer:
 
     def poll_batch(self, max_records: int, timeout: float) -> list:
         """Up to ``max_records`` messages; partition EOF events are noted, errors raised or skipped."""
+        msgs = self._consumer.consume(max_records, timeout)
+        if not any(map(Message.error, msgs)):  # the common case, checked in C (a KafkaError is truthy)
+            if self.eof_partitions:
+                self.eof_partitions.difference_update(zip(map(Message.topic, msgs), map(Message.partition, msgs)))
+            return msgs
         batch = []
-        for msg in self._consumer.consume(max_records, timeout):
+        for msg in msgs:
             err = msg.error()
             if err is None:
                 batch.append(msg)

@@ -10,6 +10,7 @@ from a sink that writes each batch before the next is polled, later from a pipel
 from dataclasses import dataclass, field
 
 from kdg.records import Record
+from kdg.store.rows import SinkRows
 
 
 @dataclass
@@ -21,14 +22,31 @@ class Batch:
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     first_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     submitted_at: float = 0.0  # time.monotonic() when handed to the sink (commit latency)
+    # the good records as sink rows instead of ``records``, sorted straight from a poll for the generic
+    # Postgres sink (kdg.batching): no Record per message
+    rows: SinkRows | None = None
+    first_timestamps: dict[int, int] = field(default_factory=dict)  # per partition, its first record's (ms)
+
+    @property
+    def good(self) -> int:
+        """Records to write (not dead letters)."""
+        return len(self.records) + (len(self.rows) if self.rows is not None else 0)
+
+    def partitions(self) -> list[int]:
+        """The partition of each record to write."""
+        if self.rows is not None:
+            return self.rows.partitions + [rec.partition for rec, _ in self.records]
+        return [rec.partition for rec, _ in self.records]
 
     def __len__(self) -> int:
-        return len(self.records) + len(self.dead)
+        return self.good + len(self.dead)
 
     @staticmethod
     def earliest(batches: "list[Batch]") -> "Batch":
         """Several batches to read again, as one: each partition from the earliest first offset among them."""
         merged = Batch()
+        columns = [b.rows for b in batches if b.rows is not None]
+        merged.rows = SinkRows.concat(columns) if columns else None
         for batch in batches:
             merged.records += batch.records
             merged.dead += batch.dead
@@ -74,6 +92,7 @@ class Sink:
     keeps_offsets = False   # ... and then the offsets live in the sink, not in Kafka
     records_in_flight = 0   # submitted, outcome not handed back yet
     partitions_dropped = 0  # expired claim partitions its maintenance dropped (the Postgres sink)
+    takes_rows = False      # writes a batch's SinkRows (Batch.rows) as they are: the loop may sort per batch
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
         raise NotImplementedError

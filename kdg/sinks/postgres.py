@@ -8,12 +8,13 @@ from kdg.sinks import Batch, Outcome, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue
 from kdg.sinks.pipeline import Pipeline
 from kdg.store.pg import Store
-from kdg.store.rows import sink_row
+from kdg.store.rows import SinkRows, sink_row
 
 
 class PostgresSink(Sink):
     atomic_offsets = True   # results and offsets can commit in one transaction
     keeps_offsets = True    # ... and then the offsets live here (kdg_offsets), not in Kafka
+    takes_rows = True       # the generic table's rows: sorted per batch (kdg.batching) where the batch allows
 
     def __init__(self, dsn: str, table: str, group: str, topic: str, dlq: DeadLetterQueue, handler=None,
                  pipeline: int = 0):
@@ -89,7 +90,7 @@ class PostgresSink(Sink):
     def submit(self, batch: Batch, *, atomic: bool) -> list[Outcome]:
         if self.pipeline is None or not atomic:
             return super().submit(batch, atomic=atomic)
-        rows = [sink_row(rec, key) for rec, key in batch.records]
+        rows = _rows(batch)
         self.dlq.send(batch.dead)  # durable before the rows and offsets that account for them commit
         offsets = {p: o for (_, p), o in batch.next_offsets.items()}
         fences = {p: self.fences.get(p, -1) for p in offsets}
@@ -120,7 +121,7 @@ class PostgresSink(Sink):
         return outcomes
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
-        rows = [sink_row(rec, key) for rec, key in batch.records]
+        rows = _rows(batch)
         self.dlq.send(batch.dead)  # durable before the rows and offsets that account for them commit
 
         if atomic:
@@ -154,6 +155,14 @@ class PostgresSink(Sink):
                 self.pipeline.close()
         finally:
             self.store.close()
+
+
+def _rows(batch: Batch) -> SinkRows:
+    """The batch's rows: as the loop sorted them per batch, or made from its records one by one."""
+    if batch.rows is not None and not batch.records:
+        return batch.rows
+    made = SinkRows.of([sink_row(rec, key) for rec, key in batch.records])
+    return made if batch.rows is None else SinkRows.concat([batch.rows, made])
 
 
 def _at_commit() -> None:

@@ -15,6 +15,8 @@ from kdg.store.pg import Store
 
 
 class TypedPostgresSink(PostgresSink):
+    takes_rows = False  # a mapping reads each Record
+
     def __init__(self, dsn: str, mapping: Mapping, group: str, topic: str, dlq: DeadLetterQueue, handler=None,
                  registry: dict[str, str] | None = None):
         self.store = Store(dsn)

@@ -9,12 +9,13 @@ into :class:`kdg.store.pg.Store`.
 import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
+from itertools import repeat
 
 import asyncpg
 
 from kdg.settings import TableName, table_name
-from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS
-from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizon, key_ms, now_ms
+from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, SinkRows
+from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizon, keys_ms, now_ms
 
 # Claim each staged key in its table's claim table (``kdg_dedup_<n>``, a partition of kdg_dedup); the
 # generic sink's fallback path (below) and the typed sink's TypedTarget.claim_sql use the same statement.
@@ -51,9 +52,13 @@ class Claims:
         return not self.outside and None not in self.times
 
     def rows(self, keyed) -> Iterator[tuple]:
-        """Claim rows from ``(key, topic, partition, offset)`` tuples, in :data:`DEDUP_COLUMNS` order, one at a
-        time (COPY encodes each as it comes: a batch's rows never all exist twice)."""
+        """Claim rows in :data:`DEDUP_COLUMNS` order, one at a time (COPY encodes each as it comes: a batch's
+        rows never all exist twice), from a batch's :class:`SinkRows` (zipped in C) or from
+        ``(key, topic, partition, offset)`` tuples."""
         table = self.window.sink_table
+        if isinstance(keyed, SinkRows):
+            key, topic, partition, offset = keyed.columns[:4]
+            return zip(repeat(table, len(key)), key, self.times, topic, partition, offset)
         return ((table, k, t, topic, p, o) for (k, topic, p, o), t in zip(keyed, self.times))
 
     @property
@@ -66,12 +71,13 @@ async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[st
     """Inside the batch's transaction: hold the horizon, make the partitions the keys need, and take the
     table's lock for keys without a time (their look-up across partitions must not race another's)."""
     await hold_horizon(conn, window)
-    claims = Claims(window, now_ms(), [key_ms(k) for k in keys])
-    horizon = window.horizon_ms
-    if horizon is not None:
-        claims.outside = sum(1 for t in claims.times if t is not None and t < horizon)
-    timeless = None in claims.times
-    await ensure_parts(conn, window, [t for t in claims.times if t is not None] + ([claims.now] if timeless else []))
+    claims = Claims(window, now_ms(), keys_ms(keys))
+    times, horizon = claims.times, window.horizon_ms
+    timeless = None in times
+    timed = [t for t in times if t is not None] if timeless else times
+    if horizon is not None and timed and min(timed) < horizon:
+        claims.outside = sum(1 for t in timed if t < horizon)
+    await ensure_parts(conn, window, timed + [claims.now] if timeless else timed)
     if timeless:
         await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _TIMELESS_LOCK, window.relation)
     return claims
@@ -110,10 +116,12 @@ class ClaimsMixin:
     ``_move_offsets`` — ``kdg_offsets``, all in the one transaction of the batch.
     """
 
-    def write_exactly_once(self, table: str | TableName, group: str, rows: list[tuple], next_offsets: dict[int, int],
+    def write_exactly_once(self, table: str | TableName, group: str, rows, next_offsets: dict[int, int],
                            topic: str, fences: dict[int, int], handler=None, before_commit=None, *,
                            expected: dict[int, int | None] | None = None, turn=None) -> int:
         """One transaction: claim keys, insert newly claimed rows, move fenced offsets. Returns rows inserted.
+
+        ``rows``: a :class:`~kdg.store.rows.SinkRows`, or tuples in ``SINK_COLUMNS`` order.
 
         ``expected`` (pipelined writes) also requires each partition's stored offset to be what the
         batch before this one left (partitions missing from it are not checked), so a batch whose predecessor rolled back rolls back too. ``turn``
@@ -132,7 +140,7 @@ class ClaimsMixin:
             if turn is not None:  # the user's SQL runs after the batch before ended, as without a pipeline
                 turn.wait_update() if handler is None else turn.wait_ended()
             if handler is not None:
-                await maybe_await(handler(rows, self.conn))
+                await maybe_await(handler(SinkRows.of(rows).as_list(), self.conn))
             await self._move_offsets(group, topic, next_offsets, fences, expected)
             if turn is not None:
                 turn.updated()  # (a failure ends the turn too: the pipeline's job always ends it)
@@ -148,7 +156,7 @@ class ClaimsMixin:
 
         return self._run(write()) if rows else 0
 
-    async def _claim_and_insert(self, table: str | TableName, group: str, rows: list[tuple], claimed=None) -> int:
+    async def _claim_and_insert(self, table: str | TableName, group: str, rows, claimed=None) -> int:
         """Claim each row's key in ``kdg_dedup`` and insert the rows whose claim is new (inside a transaction).
 
         Keys never claimed before (the common case) go in by COPY straight into ``kdg_dedup`` and
@@ -156,22 +164,22 @@ class ClaimsMixin:
         the savepoint then rolls back and the ON CONFLICT path claims only what is new.
         ``claimed()``, when given, is called once this batch's keys are claimed (before its rows go in).
         """
+        rows = SinkRows.of(rows)
         if not rows:
             if claimed is not None:
                 claimed()
             return 0
         table = table_name(table)
         window = await self._claim_window(table)
-        claims = await prepare_claims(self.conn, window, [r[0] for r in rows])
+        claims = await prepare_claims(self.conn, window, rows.keys)
         self.unclaimed += claims.outside
-        if await copy_claims(self.conn, claims, (r[:4] for r in rows)):
+        if await copy_claims(self.conn, claims, rows):
             if claimed is not None:
                 claimed()
-            await self.conn.copy_records_to_table(
-                table.name, schema_name=table.schema, records=((r[0], group, *r[1:]) for r in rows),
-                columns=GROUP_SINK_COLUMNS)
+            await self.conn.copy_records_to_table(table.name, schema_name=table.schema, records=rows.grouped(group),
+                                                  columns=GROUP_SINK_COLUMNS)
             return len(rows)
-        await self.conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
+        await self.conn.copy_records_to_table("kdg_stage", records=rows.tuples(), columns=SINK_COLUMNS)
         # ON CONFLICT DO NOTHING also skips a key repeated within the batch: the first
         # staged copy wins, and only the claimed (key, partition, offset) rows are inserted,
         # with the rows too old to be claimed.

@@ -5,6 +5,7 @@ COPYs them; the column list, the staging table and the Spark projection are all 
 :data:`SINK_ROW` below, so the three can never drift apart.
 """
 
+from itertools import repeat
 from json.encoder import encode_basestring_ascii as _esc
 
 # (column, Postgres type, Spark SQL expression over the Kafka source's frame); the idempotency
@@ -54,3 +55,63 @@ def headers_json(headers) -> str:
 def sink_row(rec, key: str) -> tuple:
     """One record as a sink row, in :data:`SINK_COLUMNS` order."""
     return (key, rec.topic, rec.partition, rec.offset, rec.key, rec.value, headers_json(rec.headers))
+
+
+class SinkRows:
+    """A batch's sink rows as columns in :data:`SINK_COLUMNS` order: what the store COPYs, made per batch.
+
+    The consume loop sorts a poll straight into columns (:mod:`kdg.batching`), so a row is never a Python
+    object of its own: COPY reads tuples that ``zip`` makes in C as it goes, and the claims, the sink table
+    and the staging table each take the columns they need. Rows made one at a time (Spark's, the per-record
+    path's :func:`sink_row`) are turned into columns by :meth:`of`.
+    """
+
+    __slots__ = ("columns",)
+
+    def __init__(self, columns: list[list]):
+        if len(columns) != len(SINK_COLUMNS):
+            raise ValueError(f"{len(columns)} columns, not {len(SINK_COLUMNS)}")
+        self.columns = columns
+
+    @classmethod
+    def of(cls, rows) -> "SinkRows":
+        """``rows`` as columns: already columns, or tuples in :data:`SINK_COLUMNS` order."""
+        if isinstance(rows, SinkRows):
+            return rows
+        rows = list(rows)
+        return cls([list(c) for c in zip(*rows)] if rows else [[] for _ in SINK_COLUMNS])
+
+    @classmethod
+    def concat(cls, parts: "list[SinkRows]") -> "SinkRows":
+        return cls([[v for p in parts for v in p.columns[i]] for i in range(len(SINK_COLUMNS))])
+
+    def __len__(self) -> int:
+        return len(self.columns[0])
+
+    def __bool__(self) -> bool:
+        return bool(self.columns[0])
+
+    @property
+    def keys(self) -> list[str]:
+        return self.columns[0]
+
+    @property
+    def partitions(self) -> list[int]:
+        return self.columns[2]
+
+    def as_list(self) -> list[tuple]:
+        """The rows as a list of tuples, as a ``--handler`` is given them."""
+        return list(zip(*self.columns))
+
+    def tuples(self):
+        """The rows as tuples in :data:`SINK_COLUMNS` order, made as they are read."""
+        return zip(*self.columns)
+
+    def keyed(self):
+        """``(key, topic, partition, offset)`` of each row, what a claim needs."""
+        return zip(*self.columns[:4])
+
+    def grouped(self, group: str):
+        """The rows as :data:`GROUP_SINK_COLUMNS` tuples: the group that writes them after the key."""
+        key, *rest = self.columns
+        return zip(key, repeat(group, len(key)), *rest)

@@ -10,7 +10,7 @@ from kdg.mapping.rows import StagedRows
 from kdg.settings import TableName, redact_dsn, table_name
 from kdg.store.claims import maybe_await
 from kdg.store.identity import resolve_table
-from kdg.store.rows import SINK_COLUMNS
+from kdg.store.rows import GROUP_SINK_COLUMNS, SinkRows
 from kdg.store.tables import prepare_table
 from kdg.store.typed import TypedResult, TypedTarget, write_batch
 
@@ -18,8 +18,8 @@ from kdg.store.typed import TypedResult, TypedTarget, write_batch
 class SinksMixin:
     """The sink tables: owns creating and resolving them, and writing plain and typed batches.
 
-    Touches the generic sink tables (created ``LIKE kdg_events``) through the temp ``kdg_stage``
-    table, a typed mapping's table through its temp ``kdg_tstage_*`` table (and ``kdg_dedup``
+    Touches the generic sink tables (created ``LIKE kdg_events``; plain batches go in by COPY, straight),
+    a typed mapping's table through its temp ``kdg_tstage_*`` table (and ``kdg_dedup``
     when the typed write claims), and ``kdg_offsets`` when a typed batch moves its offsets.
     """
 
@@ -41,23 +41,19 @@ class SinksMixin:
         return self._run(resolve_table(self.conn, table, where=f" in {redact_dsn(self.dsn)}"))
 
     # -- plain batches -----------------------------------------------------------------------
-    def write_plain(self, table: str | TableName, group: str, rows: list[tuple], handler=None,
+    def write_plain(self, table: str | TableName, group: str, rows, handler=None,
                     before_commit=None) -> int:
         """At-most/at-least-once: insert every row (duplicates stay visible) in one transaction."""
         return self._run(self._write_plain(table, group, rows, handler, before_commit))
 
     async def _write_plain(self, table, group, rows, handler, before_commit):
-        table = table_name(table)
+        table, rows = table_name(table), SinkRows.of(rows)
         async with self.conn.transaction():
             if rows:
-                await self.conn.copy_records_to_table("kdg_stage", records=rows, columns=SINK_COLUMNS)
-                await self.conn.execute(f"""
-                    INSERT INTO {table.sql} (idempotency_key, consumer_group, topic, "partition", "offset",
-                                         key, value, headers)
-                    SELECT idempotency_key, $1, topic, "partition", "offset", key, value, headers
-                    FROM kdg_stage""", group)
+                await self.conn.copy_records_to_table(table.name, schema_name=table.schema,
+                                                      records=rows.grouped(group), columns=GROUP_SINK_COLUMNS)
             if handler is not None:
-                await maybe_await(handler(rows, self.conn))
+                await maybe_await(handler(rows.as_list(), self.conn))
             if before_commit is not None:
                 before_commit()
         return len(rows)

@@ -18,6 +18,7 @@ drops partitions. (An advisory lock, not ``SELECT … FOR SHARE``: that would wr
 and make a MultiXact of it, on every batch.)
 """
 
+import operator
 import re
 import time
 from dataclasses import asdict, dataclass, field
@@ -40,6 +41,25 @@ def key_ms(key: str) -> int | None:
     if len(key) == 36 and key[14] == "7" and _V7.fullmatch(key):
         return int(key[:8] + key[9:13], 16)
     return None
+
+
+def keys_ms(keys: list[str]) -> list[int | None]:
+    """:func:`key_ms` of each of ``keys``, per batch. When every key is a UUIDv7 as kdg writes them, a few passes
+    over the batch's bytes (in C) check them all, and a key's time is read once per distinct time prefix (kdg
+    makes one head per 0.1 s), not once per key. Any other batch goes key by key."""
+    n = len(keys)
+    raw = ("\n".join(keys) + "\n").encode()
+    if (n and len(raw) == 37 * n and not raw.translate(None, b"0123456789abcdef-\n")  # 36 hex or '-', a newline
+            and raw.count(b"-") == 4 * n and raw.count(b"\n") == n  # ... each in its place:
+            and raw[8::37] == raw[13::37] == raw[18::37] == raw[23::37] == b"-" * n and raw[36::37] == b"\n" * n
+            and raw[14::37] == b"7" * n and not raw[19::37].translate(None, b"89ab")):
+        prefixes = list(map(_PREFIX, keys))
+        times = {p: int(p[:8] + p[9:], 16) for p in set(prefixes)}
+        return list(map(times.__getitem__, prefixes))
+    return [key_ms(k) for k in keys]
+
+
+_PREFIX = operator.itemgetter(slice(0, 13))
 
 
 def now_ms() -> int:
