@@ -2,11 +2,14 @@
 
 import time
 import uuid
+from bisect import bisect_left
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from itertools import islice, repeat
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from kdg.errors import DeliveryError, ProducerFatal, TransactionAborted
+from kdg.errors import DeliveryError, KdgError, ProducerFatal, TransactionAborted
 from kdg.guarantees import policy_for
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.producer import DeliveryReports, KdgProducer
@@ -43,6 +46,7 @@ class ProduceRequest:
     metrics_port: int | None = None   # serve /metrics, /healthz and /readyz here (0: any free port)
     metrics_host: str = "0.0.0.0"
     notice: Callable[[str], None] = lambda text: None  # status lines (waiting for Kafka or Postgres)
+    chunk: int = 1  # records taken from the input at a time: many only from an input that never waits for more
 
 
 @dataclass
@@ -131,6 +135,57 @@ class _Outcomes:
 
         Per record this runs once, so a record that extends its partition's run is checked inline: the next
         sequence, the next offset, and the key being the run's head followed by that sequence."""
+        form = self.keys.form if self.keys is not None else None
+        if form is not None and list(map(_ERROR, deliveries)).count(None) == len(deliveries):
+            self._record_runs(deliveries)  # the common case, per partition and per run (below)
+        else:
+            self._record_each(deliveries)
+        if len(self.rows) >= LEDGER_BATCH or time.monotonic() >= self.due:
+            self._write()
+
+    def _record_runs(self, deliveries: list[tuple]) -> None:
+        """:meth:`_record_each` for deliveries that all succeeded, whose keys the maker can rebuild, in C: grouped
+        by partition, cut where a key's head changes, and each piece checked whole (consecutive sequences and
+        offsets, every key its head and sequence). A piece that is not one run goes record by record."""
+        self._count(len(deliveries), 0, Counter())
+        by_partition = Counter(map(_PARTITION_OF, deliveries))
+        ordered = deliveries if len(by_partition) == 1 else sorted(deliveries, key=_PARTITION_OF)  # stable
+        start = 0
+        for partition in sorted(by_partition):
+            group = ordered[start:start + by_partition[partition]]
+            start += len(group)
+            keys, seqs = list(map(_KEY_OF, group)), list(map(_SEQ_OF, group))
+            offsets = list(map(_OFFSET_OF, group)) if self.confirms else [None] * len(group)
+            heads = list(map(self.keys.head_part, keys))
+            at = 0
+            while at < len(group):
+                end = _run_end(heads, seqs, offsets, at)
+                if not self._extend(partition, heads[at], keys[at:end], seqs[at:end], offsets[at:end]):
+                    self._record_each(group[at:], counted=True)  # not one run: record by record from here
+                    break
+                at = end
+
+    def _extend(self, partition: int, head: str, keys: list[str], seqs: list[int], offsets: list) -> bool:
+        """Make ``keys`` (one head, in order) part of ``partition``'s run, if they are one: False if not."""
+        n, seq = len(keys), seqs[0]
+        if (seqs != list(range(seq, seq + n)) or not self.keys.in_range(seq, seq + n - 1)
+                or keys != self.keys.made_of(head, seq, n)):
+            return False
+        offset = offsets[0]
+        if offset is not None and offsets != list(range(offset, offset + n)):
+            return False
+        after = None if offset is None else offset + n
+        run = self.runs.get(partition)
+        if run is not None and (run[0], run[5], run[6]) == (head, seq, offset):
+            run[5], run[6] = seq + n, after
+            return True
+        if run is not None:
+            self._close(run)
+        self.runs[partition] = [head, seq, partition, offset, keys[0], seq + n, after]
+        return True
+
+    def _record_each(self, deliveries: list[tuple], counted: bool = False) -> None:
+        """:meth:`_record`, one delivery at a time (``counted``: the report counts them already)."""
         run_id, topic, confirms, rows, runs = self.run_id, self.topic, self.confirms, self.rows, self.runs
         status = "acked" if confirms else "sent"
         form = self.keys.form if self.keys is not None else None
@@ -159,10 +214,9 @@ class _Outcomes:
                 runs.pop(partition, None)
             else:
                 runs[partition] = [head, seq, partition, offset, key, seq + 1, None if offset is None else offset + 1]
-        failed = sum(errors.values())
-        self._count(len(deliveries) - failed, failed, errors)
-        if len(rows) >= LEDGER_BATCH or time.monotonic() >= self.due:
-            self._write()
+        if not counted:
+            failed = sum(errors.values())
+            self._count(len(deliveries) - failed, failed, errors)
 
     def _close(self, run: list) -> None:
         """The ledger row of a run of records (one record: its key written whole)."""
@@ -213,6 +267,87 @@ def _stamp(rec: Record, seq: int, make_id) -> tuple[str, int]:
         except ValueError:
             pass
     return key, seq
+
+
+@dataclass(slots=True)
+class Chunk:
+    """Records taken from the input together, as columns (what :meth:`KdgProducer.send_many` takes); ``records``
+    when they came as :class:`Record` objects (a source may hand columns over directly: ``take(n)``)."""
+
+    values: list
+    keys: list
+    headers: list
+    partitions: list
+    records: list[Record] | None = None
+    ids: list[str] = field(default_factory=list)   # once stamped: each record's idempotency key ...
+    seqs: list[int] = field(default_factory=list)  # ... and sequence
+
+    @classmethod
+    def of(cls, recs: list[Record]) -> "Chunk":
+        return cls(list(map(_VALUE, recs)), list(map(_KEY, recs)), list(map(_HEADERS, recs)),
+                   list(map(_PARTITION, recs)), recs)
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def stamp(self, first: int, make_id) -> None:
+        """:func:`_stamp` each record (sequences ``first``, ``first + 1``, …). Records with no headers of their own
+        (a synthetic load, plain lines) get both of kdg's made per chunk, in C."""
+        n = len(self.values)
+        if self.records is not None and (n == 1 or any(self.headers)):
+            stamped = [_stamp(rec, seq, make_id) for seq, rec in enumerate(self.records, first)]
+            self.ids, self.seqs = [key for key, _ in stamped], [seq for _, seq in stamped]
+            self.headers = list(map(_HEADERS, self.records))
+            return
+        self.ids, seqs = make_id.many(first, n), range(first, first + n)
+        self.seqs = list(seqs)
+        made = zip(zip(repeat(ID_HEADER, n), map(str.encode, self.ids)),
+                   zip(repeat(SEQ_HEADER, n), map(b"%d".__mod__, seqs)))
+        self.headers = list(map(list, made))
+
+    def send(self, producer: KdgProducer, topic: str, reports: DeliveryReports | None) -> None:
+        """Queue the (stamped) records in one :meth:`KdgProducer.send_many` (one record: :meth:`KdgProducer.send`),
+        each with its delivery report's tracker when there are ``reports``."""
+        callbacks = reports.trackers(self.ids, self.seqs) if reports is not None else None
+        if len(self.values) == 1:
+            producer.send(topic, self.values[0], self.keys[0], self.headers[0], self.partitions[0],
+                          callbacks[0] if callbacks else None)
+            return
+        producer.send_many(topic, self.values, self.keys, self.headers, self.partitions, callbacks)
+
+
+class _Input:
+    """The input, a chunk at a time: columns from a source that makes them (``take(n)``), else records gathered."""
+
+    def __init__(self, records, size: int):
+        self.size = size
+        self._take = getattr(records, "take", None) if size > 1 else None
+        self._records = iter(records) if self._take is None else None
+
+    def take(self, n: int | None = None) -> Chunk | None:
+        """Up to ``n`` (at most the chunk size) more records; None once the input has ended."""
+        n = self.size if n is None else min(n, self.size)
+        if self._take is not None:
+            columns = self._take(n)
+            return Chunk(*columns) if columns is not None else None
+        recs = list(islice(self._records, n))
+        return Chunk.of(recs) if recs else None
+
+
+def _run_end(heads: list[str], seqs: list[int], offsets: list, at: int) -> int:
+    """Where the run that starts at ``at`` seems to end: the first index whose head differs or whose sequence or
+    offset is not ``at``'s plus its distance from it. Sequences and offsets rise within a partition and a head's
+    keys are together, so that is found by bisection (:meth:`_Outcomes._extend` then checks the run whole)."""
+    head, seq, offset = heads[at], seqs[at], offsets[at]
+
+    def broken(i: int) -> bool:
+        return heads[i] != head or seqs[i] - seq != i - at or (offset is not None and offsets[i] - offset != i - at)
+
+    return bisect_left(range(len(heads)), True, lo=at + 1, key=broken)
+
+
+_VALUE, _KEY, _HEADERS, _PARTITION = (attrgetter(a) for a in ("value", "key", "headers", "partition"))
+_KEY_OF, _SEQ_OF, _PARTITION_OF, _OFFSET_OF, _ERROR = (itemgetter(i) for i in range(5))  # of a delivery report
 
 
 def run_produce(req: ProduceRequest) -> ProduceReport:
@@ -292,22 +427,28 @@ def _send_plain(req, producer, outcomes, make_id, report) -> None:
     Stopped (a signal), it sends no more, and what was sent gets 30 s to be delivered before it is counted.
     """
     reports = DeliveryReports() if outcomes.needs_every_report else None
-    track = reports.tracker if reports is not None else None
-    send, topic, stop_requested = producer.send, req.topic, req.shutdown.check
-    remaining = 0
+    topic, stop_requested = req.topic, req.shutdown.check
+    remaining = settled = shown = 0
     try:
-        for seq, rec in enumerate(req.records):
+        source = _Input(req.records, req.chunk)
+        while (chunk := source.take()) is not None:
             if stop_requested():
                 _stopped(req, report)
                 break
-            key, seq = _stamp(rec, seq, make_id)
-            send(topic, rec.value, rec.key, rec.headers, rec.partition, track(key, seq) if track else None)
-            report.sent += 1
-            if report.sent % 100 == 0:
+            chunk.stamp(report.sent, make_id)
+            try:
+                chunk.send(producer, topic, reports)
+            except KdgError as exc:  # a record refused: those before it were sent
+                report.sent += getattr(exc, "queued", 0)
+                raise
+            report.sent += len(chunk)
+            if report.sent - settled >= 100:
+                settled = report.sent
                 producer.poll(0)
-                if reports is not None and (report.sent % LEDGER_BATCH == 0 or time.monotonic() >= outcomes.due):
+                if reports is not None and (len(reports) >= LEDGER_BATCH or time.monotonic() >= outcomes.due):
                     outcomes.settle(producer, reports, report.sent)
-                if report.sent % 1000 == 0:
+                if report.sent - shown >= 1000:
+                    shown = report.sent
                     outcomes.show()
                     if req.progress:
                         req.progress(report.sent)
@@ -331,13 +472,16 @@ def _send_transactional(req, producer, outcomes, make_id, report) -> None:
     aborted: none of its records counts, or ever reaches a read_committed reader.
     """
     txn = _Transaction(req, producer, outcomes, report)
-    stop_requested = req.shutdown.check
-    for seq, rec in enumerate(req.records):
-        if stop_requested():
+    stop_requested, taken = req.shutdown.check, 0
+    source = _Input(req.records, req.chunk)
+    while not stop_requested():
+        chunk = source.take(req.txn_size - txn.size)  # a chunk never spans two transactions
+        if chunk is None:
             break
-        key, seq = _stamp(rec, seq, make_id)
-        txn.add(rec, key, seq)
-        if len(txn.records) >= req.txn_size or time.monotonic() >= txn.deadline:
+        chunk.stamp(taken, make_id)
+        taken += len(chunk)
+        txn.add(chunk)
+        if txn.size >= req.txn_size or time.monotonic() >= txn.deadline:
             txn.commit()
     if stop_requested():  # between records, or the input ended because of it (stdin at a terminal)
         _stopped(req, report)
@@ -351,7 +495,7 @@ def _send_transactional(req, producer, outcomes, make_id, report) -> None:
                 producer.recover(exc)  # the new client's init_transactions aborts it
             report.open_transaction_aborted = True
         return
-    if txn.records:
+    if txn.size:
         txn.commit()
 
 
@@ -360,7 +504,8 @@ class _Transaction:
 
     def __init__(self, req, producer, outcomes, report):
         self.req, self.producer, self.outcomes, self.report = req, producer, outcomes, report
-        self.records: list[tuple[Record, str, int]] = []
+        self.chunks: list[Chunk] = []  # the records sent in it (stamped)
+        self.size = 0
         self.reports = self._new_reports()
         self.deadline = 0.0
         self.renewals = 0  # in a row, since the last commit
@@ -368,19 +513,17 @@ class _Transaction:
     def _new_reports(self) -> DeliveryReports | None:
         return DeliveryReports() if self.outcomes.needs_every_report else None
 
-    def add(self, rec: Record, key: str, seq: int) -> None:
-        if not self.records:
+    def add(self, chunk: Chunk) -> None:
+        """Send ``chunk`` (stamped) in the open transaction, beginning one if none is."""
+        if not self.size:
             self.producer.begin()
             self.deadline = time.monotonic() + self.req.txn_interval_ms / 1000
-        self.records.append((rec, key, seq))
+        self.chunks.append(chunk)
+        self.size += len(chunk)
         try:
-            self._send(rec, key, seq)
+            chunk.send(self.producer, self.req.topic, self.reports)
         except ProducerFatal as exc:
             self._renew(exc)
-
-    def _send(self, rec: Record, key: str, seq: int) -> None:
-        cb = self.reports.tracker(key, seq) if self.reports is not None else None
-        self.producer.send(self.req.topic, rec.value, rec.key, rec.headers, rec.partition, cb)
 
     def commit(self) -> None:
         for attempt in range(MAX_TXN_RETRIES):
@@ -394,12 +537,12 @@ class _Transaction:
                 self._renew(exc)
         else:
             raise DeliveryError(f"a transaction was aborted {MAX_TXN_RETRIES} times in a row; stopping")
-        self.outcomes.settle(self.producer, self.reports, len(self.records))
-        self.report.sent += len(self.records)
+        self.outcomes.settle(self.producer, self.reports, self.size)
+        self.report.sent += self.size
         self.report.transactions += 1
         self.renewals = 0
         self.outcomes.show()
-        self.records, self.reports = [], self._new_reports()
+        self.chunks, self.size, self.reports = [], 0, self._new_reports()
         if self.req.progress:
             self.req.progress(self.report.sent)
 
@@ -409,8 +552,8 @@ class _Transaction:
         self.producer.take_failures()
         self.reports = self._new_reports()
         self.producer.begin()
-        for rec, key, seq in self.records:
-            self._send(rec, key, seq)
+        for chunk in self.chunks:
+            chunk.send(self.producer, self.req.topic, self.reports)
 
     def _renew(self, exc: ProducerFatal) -> None:
         """The client died of a fatal error: if a new one can go on (:data:`kdg.kafka.producer.RENEWABLE`),
@@ -421,5 +564,5 @@ class _Transaction:
         self.renewals += 1
         self.report.producer_renewals += 1
         self.req.notice(f"{exc}; a new producer took over the transactional.id (aborting the open transaction) "
-                        f"and sends its {len(self.records)} records again")
+                        f"and sends its {self.size} records again")
         self._again()

@@ -47,6 +47,27 @@ class Uuid7Maker:
             seq, self._next = self._next, self._next + 1
         return self._head + "%08x" % (seq & 0xFFFF_FFFF)
 
+    def many(self, first: int, n: int) -> list[str]:
+        """The keys of sequences ``first`` to ``first + n - 1``, taken now: what ``n`` calls would make, in C."""
+        self(first)  # the head, renewed if its time is up
+        if first + n <= 0x1_0000_0000:
+            return list(map((self._head + "%08x").__mod__, range(first, first + n)))
+        return [self._head + "%08x" % (seq & 0xFFFF_FFFF) for seq in range(first, first + n)]
+
+    @staticmethod
+    def head_part(key: str) -> str:
+        """The part of ``key`` a head would be (whether or not it is one: :meth:`made_of` tells)."""
+        return key[:28]
+
+    @staticmethod
+    def made_of(head: str, first: int, n: int) -> list[str]:
+        """The keys ``head`` makes of sequences ``first`` to ``first + n - 1`` (all in range)."""
+        return list(map((head + "%08x").__mod__, range(first, first + n)))
+
+    @staticmethod
+    def in_range(first: int, last: int) -> bool:
+        return 0 <= first and last <= 0xFFFF_FFFF
+
     @staticmethod
     def head_of(key: str, seq: int) -> str | None:
         """``key``'s head if ``key`` is that head followed by ``seq`` in this form (else None), whoever made it."""
@@ -65,9 +86,26 @@ class TemplateMaker:
         plain = field and "{" not in before + after and "}" not in before + after
         self.form, self.suffix = ("d", after) if plain else (None, None)
         self._before, self._after = before, after
+        self._plain = before.replace("%", "%%") + "%d" + after.replace("%", "%%")  # a plain {seq}, as %-format
 
     def __call__(self, seq: int) -> str:
         return self.template.format(seq=seq)
+
+    def many(self, first: int, n: int) -> list[str]:
+        """The keys of sequences ``first`` to ``first + n - 1``."""
+        return [self.template.format(seq=seq) for seq in range(first, first + n)]
+
+    def head_part(self, key: str) -> str:
+        """The part of ``key`` a head would be: the template's text before ``{seq}``."""
+        return self._before
+
+    def made_of(self, head: str, first: int, n: int) -> list[str]:
+        """The keys of sequences ``first`` to ``first + n - 1`` (``head`` is this template's)."""
+        return list(map(self._plain.__mod__, range(first, first + n)))
+
+    @staticmethod
+    def in_range(first: int, last: int) -> bool:
+        return True
 
     def head_of(self, key: str, seq: int) -> str | None:
         """``key``'s head (the text before the number) if ``key`` is what this template makes of ``seq``."""

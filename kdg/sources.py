@@ -94,11 +94,39 @@ def synthetic(count: int | None, size: int, rate: float | None, opts: LineOption
         raise UsageError(f"--size {size}: must not be negative")
     if rate is not None and not rate > 0:
         raise UsageError(f"--rate {rate:g}: must be more than 0 records per second")
+    if count is not None and rate is None and not opts.headers:
+        return SyntheticLoad(count, _payload(size), opts)
     return _synthetic(count, size, rate, opts)
 
 
+def _payload(size: int) -> bytes:
+    return os.urandom(max(size, 1) // 2 + 1).hex()[:size].encode()
+
+
+class SyntheticLoad:
+    """``count`` records of one payload, as fast as they are taken (no ``--rate``, no ``-H`` headers): iterated
+    as records, or taken as columns (``take``), which `kdg produce` sends without a :class:`Record` each."""
+
+    def __init__(self, count: int, payload: bytes, opts: LineOptions):
+        self.left, self.payload, self.partition = count, payload, opts.partition
+        self.key = opts.key.encode() if opts.key is not None else None
+
+    def __iter__(self) -> Iterator[Record]:
+        while self.left > 0:
+            self.left -= 1
+            yield Record(self.payload, self.key, [], self.partition)
+
+    def take(self, n: int) -> tuple[list, list, list, list] | None:
+        """Up to ``n`` more records as columns: values, keys, headers (none of their own) and partitions."""
+        n = min(n, self.left)
+        if n <= 0:
+            return None
+        self.left -= n
+        return [self.payload] * n, [self.key] * n, [[]] * n, [self.partition] * n
+
+
 def _synthetic(count: int | None, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:
-    payload = os.urandom(max(size, 1) // 2 + 1).hex()[:size].encode()
+    payload = _payload(size)
     key = opts.key.encode() if opts.key is not None else None
     headers, partition = opts.headers, opts.partition
     start = time.monotonic()

@@ -172,21 +172,28 @@ def _expand(row: tuple) -> list[tuple]:
 
 @pytest.mark.parametrize("template", [None, "order-{seq}-x", "o-{seq:05d}"], ids=["uuid7", "template", "formatted"])
 @pytest.mark.parametrize("confirms", [True, False], ids=["acked", "sent"])
-def test_ledger_runs_stand_for_exactly_the_records_they_replace(template, confirms):
+@pytest.mark.parametrize("refusals", [True, False], ids=["refusals", "all-delivered"])
+def test_ledger_runs_stand_for_exactly_the_records_they_replace(template, confirms, refusals, monkeypatch):
     """Delivery reports as they arrive (partitions interleaved; an offset taken by another producer; a
-    refusal; a key from the input; a sequence from the input) make fewer rows, which expand to exactly the
-    rows one per record would be."""
+    refusal; a key from the input; a sequence from the input; a key's head renewed mid-run) make fewer rows,
+    which expand to exactly the rows one per record would be. Without refusals, most go by the per-run path."""
     from kdg.metrics import Metrics
     from kdg.produce import ProduceReport, _Outcomes
 
+    one_by_one = []
+    each = _Outcomes._record_each
+    monkeypatch.setattr(_Outcomes, "_record_each", lambda self, d, **kw: (one_by_one.extend(d), each(self, d, **kw)))
     make = id_maker(template)
     reports, expected, offsets = [], [], {0: 100, 1: 7}
     for seq in range(400):
         partition = (seq // 40) % 2  # runs of 40, as a sticky partitioner sends them
+        if seq == 200 and template is None:
+            time.sleep(0.002)
+            make._ms = -1  # the head's time is up: a new head (a later millisecond) from here
         key = "from-the-input" if seq == 57 else make(seq)
         if seq == 120:
             offsets[partition] += 1  # another producer's record (or a transaction marker) in between
-        if seq % 97 == 5:
+        if refusals and seq % 97 == 5:
             reports.append((key, seq, None, None, "MSG_SIZE_TOO_LARGE", "too large"))
             expected.append((key, seq, "failed", None, None, "too large"))
             continue
@@ -201,9 +208,13 @@ def test_ledger_runs_stand_for_exactly_the_records_they_replace(template, confir
     for at in range(0, 400, 64):  # reports are taken in chunks; a run goes on across them
         outcomes._record(reports[at:at + 64])
     outcomes._write()
+    if template is None:
+        assert len({r[1] for r in outcomes.rows if r[8]}) == 2, "the head was not renewed"
     expanded = [r for row in outcomes.rows for r in _expand(row)]
     assert sorted(expanded, key=lambda r: r[1]) == sorted(expected, key=lambda r: r[1])
     if make.form is None:
         assert len(outcomes.rows) == 400
     else:
         assert len(outcomes.rows) < 40, outcomes.rows  # ~10 runs of 40, split where the list above says
+        if not refusals:  # only the chunks holding the odd records above went one by one
+            assert 0 < len(one_by_one) <= 3 * 64, len(one_by_one)

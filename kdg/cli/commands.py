@@ -187,7 +187,8 @@ def produce(
                              ledger_retention=ledger_retention, id_template=id_template, txn_size=txn_size,
                              txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
                              partitions=partitions, progress=progress, shutdown=shutdown, wait_timeout=wait_timeout,
-                             metrics_port=metrics_port, metrics_host=metrics_host, notice=_notice)
+                             metrics_port=metrics_port, metrics_host=metrics_host, notice=_notice,
+                             chunk=1000 if rate is None and (count is not None or file is not None) else 1)
         report = _run_with_bar(bar, run_produce, req)
     if as_json:
         print_json(report)

@@ -3,12 +3,14 @@ transactions, errors."""
 
 import threading
 import time
-from collections import Counter
+from collections import Counter, deque
 from functools import partial
+from itertools import repeat, starmap
+from operator import length_hint
 
 from confluent_kafka import KafkaError, KafkaException
 
-from kdg.errors import DeliveryError, ProducerFatal, TransactionAborted, UsageError
+from kdg.errors import DeliveryError, KdgError, ProducerFatal, TransactionAborted, UsageError
 from kdg.guarantees import DeliveryPolicy
 from kdg.kafka.access import check, on_error
 from kdg.kafka.clients import Role, client_config, new_producer
@@ -57,6 +59,15 @@ class DeliveryReports:
     def tracker(self, key: str, seq: int) -> partial:
         """The ``on_delivery`` callback for the record ``(key, seq)``."""
         return partial(_arrive, self._append, key, seq)
+
+    def trackers(self, keys: list[str], seqs: list[int]) -> list[partial]:
+        """:meth:`tracker` of each record, made in C."""
+        n = len(keys)
+        return list(map(partial, repeat(_arrive, n), repeat(self._append, n), keys, seqs))
+
+    def __len__(self) -> int:
+        """Reports arrived and not taken yet."""
+        return len(self._arrived)
 
     def take(self) -> list[tuple[str, int, int | None, int | None, str | None, str | None]]:
         """``(key, seq, partition, offset, error name, error text)`` of each report that arrived since the last
@@ -169,10 +180,41 @@ class KdgProducer:
             except BufferError:
                 self._producer.poll(0.05)  # queue full: serve delivery reports, then try again
             except KafkaException as exc:
-                check(exc.args[0], f"producing to {topic!r}")
-                if exc.args[0].fatal() or exc.args[0].code() == KafkaError._FATAL:
-                    raise self._fatal_error(f"produce to {topic}", exc.args[0]) from exc
-                raise DeliveryError(f"produce to {topic} failed: {exc.args[0].str()}") from exc
+                raise self._refused(topic, exc) from exc
+
+    def send_many(self, topic: str, values: list, keys: list, headers: list, partitions: list,
+                  on_delivery: list | None = None) -> None:
+        """Queue records given as columns (a partition of None: the partitioner's choice), as :meth:`send`
+        would one by one, but with no Python per record: confluent-kafka's ``produce`` is called from C
+        (``starmap``). A full queue stops it at a record, which goes again once delivery reports are served.
+        A record refused raises what :meth:`send` would, its ``queued`` the number of records before it."""
+        parts = [_ANY_PARTITION if p is None else p for p in partitions] if None in partitions else partitions
+        n = len(values)
+        args = list(zip(repeat(topic, n), values, keys, parts, on_delivery or repeat(None, n), repeat(None, n),
+                        repeat(0, n), headers))
+        pending = iter(args)
+        try:
+            while True:
+                try:
+                    deque(starmap(self._producer.produce, pending), maxlen=0)
+                    return
+                except BufferError:
+                    stopped_at = args[n - length_hint(pending) - 1]
+                except KafkaException as exc:
+                    raise self._refused(topic, exc) from exc
+                self._producer.poll(0.05)  # queue full: serve delivery reports, then that record again
+                t, value, key, partition, callback, _, _, hdrs = stopped_at
+                self.send(t, value, key, hdrs, partition, callback)
+        except KdgError as exc:
+            exc.queued = n - length_hint(pending) - 1
+            raise
+
+    def _refused(self, topic: str, exc: KafkaException) -> Exception:
+        """kdg's error for a record ``produce`` refused."""
+        check(exc.args[0], f"producing to {topic!r}")
+        if exc.args[0].fatal() or exc.args[0].code() == KafkaError._FATAL:
+            return self._fatal_error(f"produce to {topic}", exc.args[0])
+        return DeliveryError(f"produce to {topic} failed: {exc.args[0].str()}")
 
     def poll(self, timeout: float = 0) -> int:
         return self._producer.poll(timeout)
