@@ -23,6 +23,18 @@ def test_round_trip_into_postgres_balances(kdg, topic, group, guarantee):
     assert (audit["acked"], audit["processed_unique"], audit["lost"], audit["duplicates"]) == (3000, 3000, 0, 0)
 
 
+@pytest.mark.parametrize("guarantee", ["at-least-once", "exactly-once"])
+def test_a_queue_full_in_the_middle_of_a_chunk_loses_and_repeats_nothing(kdg, topic, group, guarantee):
+    """A ``--count`` load goes out 1,000 records at a time; with room for 50 in librdkafka's queue every chunk
+    stops at a full queue again and again, and the record it stopped at goes once reports are served."""
+    produced = as_json(kdg("produce", topic, "-g", guarantee, "--count", 3000, "--size", 64,
+                           "-X", "queue.buffering.max.messages=50", "--json"))
+    assert (produced["sent"], produced["acked"], produced["failed"]) == (3000, 3000, 0)
+    kdg("consume", topic, "-G", group, "-g", "exactly-once", "-e", "--json")
+    audit = audited(kdg, topic, "-G", group)
+    assert (audit["acked"], audit["processed_unique"], audit["lost"], audit["duplicates"]) == (3000, 3000, 0, 0)
+
+
 def test_exactly_once_consumer_drops_keys_it_already_wrote(kdg, topic):
     """The same 500 keys sent twice (a producer re-run): exactly-once writes each once, at-least-once twice.
 
