@@ -303,7 +303,7 @@ class Chunk:
         self.seqs = list(seqs)
         made = zip(zip(repeat(ID_HEADER, n), map(str.encode, self.ids)),
                    zip(repeat(SEQ_HEADER, n), map(b"%d".__mod__, seqs)))
-        self.headers = list(map(list, made))
+        self.headers = [[key, seq] for key, seq in made]
 
     def send(self, producer: KdgProducer, topic: str, reports: DeliveryReports | None) -> None:
         """Queue the (stamped) records in one :meth:`KdgProducer.send_many` (one record: :meth:`KdgProducer.send`),

@@ -126,6 +126,14 @@ def test_uuid7_is_a_version_7_uuid_ordered_by_time(make):
     assert [k[:13] for k in keys] == sorted(k[:13] for k in keys)  # the millisecond prefix never goes back
 
 
+@pytest.mark.parametrize("first, n", [(0, 0), (0, 1), (7, 1000), (2**32 - 3, 3), (2**32 - 2, 5)],
+                         ids=["none", "one", "a chunk", "up to the last sequence", "across the wrap"])
+def test_keys_made_per_chunk_are_the_keys_made_one_by_one(first, n, monkeypatch):
+    monkeypatch.setattr(time, "time_ns", lambda: 1_764_000_000_000_000_000)  # one head for both
+    make = Uuid7Maker()
+    assert make.many(first, n) == [make(seq) for seq in range(first, first + n)]
+
+
 def test_stamp_adds_a_key_and_a_sequence_only_when_missing():
     fresh = Record(b"v", headers=[("x", b"1")])
     key, seq = _stamp(fresh, 41, id_maker("order-{seq}"))
