@@ -133,8 +133,8 @@ class _Outcomes:
         rebuild (see :class:`kdg.records.Uuid7Maker`), at consecutive sequences and offsets of one partition,
         is one row (``seq_count`` of them); every other record is a row of its own, as is every failure.
 
-        Per record this runs once, so a record that extends its partition's run is checked inline: the next
-        sequence, the next offset, and the key being the run's head followed by that sequence."""
+        Reports that all succeeded, with keys of a form the ledger can rebuild, go per run
+        (:meth:`_record_runs`); the others one at a time (:meth:`_record_each`)."""
         form = self.keys.form if self.keys is not None else None
         if form is not None and list(map(_ERROR, deliveries)).count(None) == len(deliveries):
             self._record_runs(deliveries)  # the common case, per partition and per run (below)
@@ -185,7 +185,9 @@ class _Outcomes:
         return True
 
     def _record_each(self, deliveries: list[tuple], counted: bool = False) -> None:
-        """:meth:`_record`, one delivery at a time (``counted``: the report counts them already)."""
+        """:meth:`_record`, one delivery at a time (``counted``: the report counts them already). A record that
+        extends its partition's run is checked inline: the next sequence, the next offset, and the key being the
+        run's head followed by that sequence."""
         run_id, topic, confirms, rows, runs = self.run_id, self.topic, self.confirms, self.rows, self.runs
         status = "acked" if confirms else "sent"
         form = self.keys.form if self.keys is not None else None
