@@ -53,9 +53,8 @@ class Uuid7Maker:
         (the sequences packed as 32-bit big-endian words and written in hex in one pass: a third of the
         cost of formatting each)."""
         self(first)  # the head, renewed if its time is up
-        if 0 <= first and first + n <= 0x1_0000_0000:
-            words = struct.pack(f">{n}I", *range(first, first + n)).hex(" ", 4).split(" ") if n else []
-            return list(map(self._head.__add__, words))
+        if self.in_range(first, first + n - 1):
+            return self.made_of(self._head, first, n)
         return [self._head + "%08x" % (seq & 0xFFFF_FFFF) for seq in range(first, first + n)]
 
     @staticmethod
@@ -66,7 +65,8 @@ class Uuid7Maker:
     @staticmethod
     def made_of(head: str, first: int, n: int) -> list[str]:
         """The keys ``head`` makes of sequences ``first`` to ``first + n - 1`` (all in range)."""
-        return list(map((head + "%08x").__mod__, range(first, first + n)))
+        words = struct.pack(f">{n}I", *range(first, first + n)).hex(" ", 4).split(" ") if n > 0 else []
+        return list(map(head.__add__, words))
 
     @staticmethod
     def in_range(first: int, last: int) -> bool:
