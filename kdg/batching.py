@@ -51,8 +51,7 @@ def _headers_json(shape: tuple[str, ...], values: list[bytes], n: int) -> list[s
 
 def _texts(raw: list[bytes]) -> list[str]:
     """``raw`` (printable ASCII, checked) decoded in one pass."""
-    texts = b"\0".join(raw).decode("ascii").split("\0")
-    return texts
+    return b"\0".join(raw).decode("ascii").split("\0")
 
 
 def sort_rows(msgs: list, max_bytes: int, require_utf8: bool, must_have_key: bool) -> Batch | None:

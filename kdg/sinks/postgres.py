@@ -158,11 +158,11 @@ class PostgresSink(Sink):
 
 
 def _rows(batch: Batch) -> SinkRows:
-    """The batch's rows: as the loop sorted them per batch, or made from its records one by one."""
-    if batch.rows is not None and not batch.records:
+    """The batch's rows: as the loop sorted them per batch, or made from its records one by one (a batch is
+    sorted one way or the other; only batches merged to be read again hold both, and they are not written)."""
+    if batch.rows is not None:
         return batch.rows
-    made = SinkRows.of([sink_row(rec, key) for rec, key in batch.records])
-    return made if batch.rows is None else SinkRows.concat([batch.rows, made])
+    return SinkRows.of([sink_row(rec, key) for rec, key in batch.records])
 
 
 def _at_commit() -> None:

@@ -107,10 +107,6 @@ class SinkRows:
         """The rows as tuples in :data:`SINK_COLUMNS` order, made as they are read."""
         return zip(*self.columns)
 
-    def keyed(self):
-        """``(key, topic, partition, offset)`` of each row, what a claim needs."""
-        return zip(*self.columns[:4])
-
     def grouped(self, group: str):
         """The rows as :data:`GROUP_SINK_COLUMNS` tuples: the group that writes them after the key."""
         key, *rest = self.columns
