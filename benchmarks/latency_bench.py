@@ -14,7 +14,10 @@ For each guarantee (at-most-once, at-least-once, exactly-once) and each sink (Po
      exactly-once each row is then stamped exactly from when the group's kdg_offsets (polled every 5 ms too)
      moved past it, since pipelined batches commit in order but interleave their row_ids — for Kafka
      a read_committed consumer of OUT (fetch.wait.max.ms 10). Both read the record's kdg-seq header (the
-     producer's sequence number; kdg consume keeps headers in the row and on the output record);
+     producer's sequence number; kdg consume keeps headers in the row and on the output record). A second
+     watcher, a read_committed consumer of IN, stamps when each record became visible there, so each latency
+     splits in two on one clock: upstream (produce → in the input topic: the producer's transactions and the
+     brokers) and pipeline (input topic → sink: kdg consume's own share);
   5. once the producer is done and the watcher has seen every record sent (or nothing new for 10 s), the
      consumer is stopped with SIGINT and its CPU seconds read (os.wait4; startup and warm-up included). The
      input topic is then read back, at the guarantee's isolation level, for each record's CreateTime: the
@@ -129,6 +132,10 @@ class PostgresWatcher(Watcher):
                 if self.stopping.is_set():
                     return
                 await asyncio.sleep(0.05)
+            # an index scan from the last row_id seen, whatever the plan cache decides: a prepared statement's
+            # generic plan (no estimate for $1, a fresh table without statistics) seq-scans the whole sink table,
+            # every 5 ms, and took 0.7 of the machine's 2 cores from the pipeline it measures (2026-11-26)
+            await conn.execute("SET enable_seqscan = off")
             new_rows = await conn.prepare(f"SELECT row_id, headers->>($2::text) FROM {self.table.sql} "
                                           "WHERE row_id > $1 ORDER BY row_id")
             stored = await conn.prepare('SELECT "partition", next_offset FROM kdg_offsets '
@@ -320,6 +327,8 @@ def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, 
     me = resource.getrusage(resource.RUSAGE_SELF)  # the watcher's cost, in this process
     started = time.monotonic()
     watcher.start()
+    upstream = KafkaWatcher(bootstrap, topic, records)  # the same records, visible in the input topic
+    upstream.start()
     try:
         consumer = Child([*kdg, *pipeline(topic, group, guarantee, sink_args)], env)
         warm_s = warm_up(bootstrap, topic, watcher, consumer)
@@ -330,9 +339,11 @@ def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, 
         drain(watcher, produced["sent"] - produced["failed"], consumer)
         consumer.stop()
         watcher.stop()
+        upstream.stop()
         watcher_cpu = _cpu_since(me)
-        if watcher.error is not None:
-            raise RuntimeError(f"watcher failed: {watcher.error!r}")
+        for w in (watcher, upstream):
+            if w.error is not None:
+                raise RuntimeError(f"watcher failed: {w.error!r}")
         consumer_out, consumer_err = consumer.output()
         created, counts = create_times(bootstrap, topic, policy_for(guarantee).isolation_level, records)
     finally:
@@ -340,14 +351,19 @@ def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, 
             if child is not None:
                 child.stop(grace=10)
         watcher.stop()
+        upstream.stop()
         drop_topic(layout, topic)
         if out_topic:
             drop_topic(layout, out_topic)
         if table is not None:
             drop_sink(layout, table, group)
     run_s = time.monotonic() - started
-    first_seen = watcher.first_seen
+    first_seen, in_topic_seen = watcher.first_seen, upstream.first_seen
     latencies = [first_seen[s] * 1000 - created[s] for s in range(records) if created[s] >= 0 and first_seen[s]]
+    # the two stages: produce → visible in the input topic (the producer's and the brokers' share), and from
+    # there → visible at the sink (the pipeline's share), each record stamped by both watchers on one clock
+    upstream_ms = [in_topic_seen[s] * 1000 - created[s] for s in range(records) if created[s] >= 0 and in_topic_seen[s]]
+    pipeline_ms = [(first_seen[s] - in_topic_seen[s]) * 1000 for s in range(records) if first_seen[s] and in_topic_seen[s]]
     in_topic = sum(1 for ts in created if ts >= 0)
     report = _last_report(consumer_out, consumer_err)
     return {"guarantee": guarantee, "sink": "postgres" if sink == "postgres" else "kafka", "kdg": kdg_path,
@@ -356,6 +372,7 @@ def latency_run(layout, guarantee: str, sink: str, rate: float, seconds: float, 
             "repeats_seen": watcher.seen - watcher.distinct, "repeats_in_input": counts["repeats"],
             "missed_by_watcher": watcher.missed or 0, "not_create_time": counts["not_create_time"],
             "measured": len(latencies), **percentiles(latencies),
+            "upstream": percentiles(upstream_ms), "pipeline": percentiles(pipeline_ms),
             "verdict": verdict(guarantee, produced["sent"], watcher.distinct, watcher.seen - watcher.distinct,
                                watcher.missed or 0),
             "consumer_cpu_s": round(consumer.usage.cpu_s, 2), "consumer_wall_s": round(consumer.usage.wall_s, 1),
