@@ -94,9 +94,12 @@ def synthetic(count: int | None, size: int, rate: float | None, opts: LineOption
         raise UsageError(f"--size {size}: must not be negative")
     if rate is not None and not rate > 0:
         raise UsageError(f"--rate {rate:g}: must be more than 0 records per second")
-    if count is not None and rate is None and not opts.headers:
-        return SyntheticLoad(count, _payload(size), opts)
+    if not opts.headers:
+        return SyntheticLoad(count, _payload(size), opts, rate)
     return _synthetic(count, size, rate, opts)
+
+
+PACE_S = 0.002  # a paced load's records are let go in groups due within this long
 
 
 def _payload(size: int) -> bytes:
@@ -104,25 +107,50 @@ def _payload(size: int) -> bytes:
 
 
 class SyntheticLoad:
-    """``count`` records of one payload, as fast as they are taken (no ``--rate``, no ``-H`` headers): iterated
-    as records, or taken as columns (``take``), which `kdg produce` sends without a :class:`Record` each."""
+    """``count`` records of one payload (endless when None), no ``-H`` headers, at most ``rate`` per second when
+    given: iterated as records, or taken as columns (``take``), which `kdg produce` sends without a
+    :class:`Record` each.
 
-    def __init__(self, count: int, payload: bytes, opts: LineOptions):
-        self.left, self.payload, self.partition = count, payload, opts.partition
+    Paced, ``take`` hands out only records already due (record k is due ``k / rate`` seconds after the first),
+    so none waits in a chunk; when none is due it sleeps until those of the next :data:`PACE_S` are, one
+    wake-up for them all rather than one per record (at 7,000 records/s, 500 wake-ups a second, not 7,000).
+    """
+
+    def __init__(self, count: int | None, payload: bytes, opts: LineOptions, rate: float | None = None):
+        self.left, self.payload, self.partition, self.rate = count, payload, opts.partition, rate
         self.key = opts.key.encode() if opts.key is not None else None
+        self.taken = 0
+        self.start: float | None = None
 
     def __iter__(self) -> Iterator[Record]:
-        while self.left > 0:
-            self.left -= 1
-            yield Record(self.payload, self.key, [], self.partition)
+        while (columns := self.take(1)) is not None:
+            yield Record(columns[0][0], columns[1][0], [], columns[3][0])
 
     def take(self, n: int) -> tuple[list, list, list, list] | None:
-        """Up to ``n`` more records as columns: values, keys, headers (none of their own) and partitions."""
-        n = min(n, self.left)
+        """Up to ``n`` more records (only those due, when paced; at least one) as columns: values, keys, headers
+        (none of their own) and partitions. None once ``count`` were taken."""
+        if self.left is not None:
+            n = min(n, self.left)
         if n <= 0:
             return None
-        self.left -= n
+        if self.rate is not None:
+            n = self._due(n)
+        if self.left is not None:
+            self.left -= n
+        self.taken += n
         return [self.payload] * n, [self.key] * n, [[]] * n, [self.partition] * n
+
+    def _due(self, n: int) -> int:
+        """How many of the next ``n`` records are due (≥ 1), after sleeping until some are."""
+        if self.start is None:
+            self.start = time.monotonic()
+        while True:
+            elapsed = time.monotonic() - self.start
+            ready = int(elapsed * self.rate) + 1 - self.taken
+            if ready > 0:
+                return min(n, ready)
+            wanted = max(1, min(n, int(self.rate * PACE_S)))
+            time.sleep(max((self.taken + wanted - 1) / self.rate - elapsed, 0.0))
 
 
 def _synthetic(count: int | None, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:

@@ -226,3 +226,44 @@ def test_ledger_runs_stand_for_exactly_the_records_they_replace(template, confir
         assert len(outcomes.rows) < 40, outcomes.rows  # ~10 runs of 40, split where the list above says
         if not refusals:  # only the chunks holding the odd records above went one by one
             assert 0 < len(one_by_one) <= 3 * 64, len(one_by_one)
+
+
+def test_a_paced_synthetic_load_hands_out_only_what_is_due_in_few_wake_ups(monkeypatch):
+    """`kdg produce --count N --rate R` goes in chunks: each take hands out only records already due (record k
+    at k/R s), never one ahead of its time, all N in order, and sleeps once per PACE_S worth, not per record."""
+    from kdg import sources
+
+    clock, sleeps = [0.0], []
+
+    def sleep(seconds):
+        assert seconds >= 0
+        sleeps.append(seconds)
+        clock[0] += seconds + 0.0003  # a wake-up is always a little late
+
+    monkeypatch.setattr(sources.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(sources.time, "sleep", sleep)
+    rate, count = 7000.0, 7000
+    load = sources.synthetic(count, 10, rate, sources.LineOptions(key="k"))
+    assert isinstance(load, sources.SyntheticLoad)
+    taken, sizes = 0, []
+    while (columns := load.take(1000)) is not None:
+        n = len(columns[0])
+        assert 1 <= n <= 1000 and columns[1] == [b"k"] * n and columns[2] == [[]] * n
+        taken += n
+        sizes.append(n)
+        assert taken <= clock[0] * rate + 1, f"{taken} records handed out by {clock[0]:.4f} s: ahead of the rate"
+        clock[0] += 0.00005  # sending a chunk takes a little time
+    assert taken == count
+    assert clock[0] >= (count - 1) / rate
+    assert len(sleeps) < count / 10, f"{len(sleeps)} wake-ups for {count} records"
+    assert max(sizes) > 1
+
+
+def test_an_unpaced_synthetic_load_takes_whole_chunks_without_sleeping(monkeypatch):
+    from kdg import sources
+
+    monkeypatch.setattr(sources.time, "sleep", lambda s: pytest.fail("slept"))
+    load = sources.synthetic(2500, 10, None, sources.LineOptions())
+    assert [len(c[0]) for c in iter(lambda: load.take(1000), None)] == [1000, 1000, 500]
+    records = list(sources.synthetic(3, 4, None, sources.LineOptions(partition=2)))
+    assert [(len(r.value), r.key, r.headers, r.partition) for r in records] == [(4, None, [], 2)] * 3

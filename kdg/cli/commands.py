@@ -181,6 +181,9 @@ def produce(
         if file is not None:
             sources.validate_file(file, reader)  # a bad line is reported before anything is sent
         records = reader(file, opts)
+    # chunks never hold a record back: a synthetic load hands out only what is due at its --rate
+    # (SyntheticLoad.take); standard input, and -H headers at a --rate, go one record at a time
+    chunked = isinstance(records, sources.SyntheticLoad) or rate is None and (count is not None or file is not None)
     bar, progress = _progress(f"producing to {topic}", count, not as_json)
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
         req = ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=conn, ledger=not no_ledger,
@@ -188,7 +191,7 @@ def produce(
                              txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
                              partitions=partitions, progress=progress, shutdown=shutdown, wait_timeout=wait_timeout,
                              metrics_port=metrics_port, metrics_host=metrics_host, notice=_notice,
-                             chunk=1000 if rate is None and (count is not None or file is not None) else 1)
+                             chunk=1000 if chunked else 1)
         report = _run_with_bar(bar, run_produce, req)
     if as_json:
         print_json(report)
