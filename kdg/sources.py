@@ -123,8 +123,13 @@ class SyntheticLoad:
         self.start: float | None = None
 
     def __iter__(self) -> Iterator[Record]:
-        while (columns := self.take(1)) is not None:
-            yield Record(columns[0][0], columns[1][0], [], columns[3][0])
+        while self.left is None or self.left > 0:
+            if self.rate is not None:
+                self._due(1)
+            if self.left is not None:
+                self.left -= 1
+            self.taken += 1
+            yield Record(self.payload, self.key, [], self.partition)
 
     def take(self, n: int) -> tuple[list, list, list, list] | None:
         """Up to ``n`` more records (only those due, when paced; at least one) as columns: values, keys, headers

@@ -1,5 +1,6 @@
 """The per-record code of produce and consume, checked against the obvious (slower) way of doing it."""
 
+import itertools
 import json
 import time
 import uuid
@@ -267,3 +268,5 @@ def test_an_unpaced_synthetic_load_takes_whole_chunks_without_sleeping(monkeypat
     assert [len(c[0]) for c in iter(lambda: load.take(1000), None)] == [1000, 1000, 500]
     records = list(sources.synthetic(3, 4, None, sources.LineOptions(partition=2)))
     assert [(len(r.value), r.key, r.headers, r.partition) for r in records] == [(4, None, [], 2)] * 3
+    paced = sources.synthetic(None, 4, 1e9, sources.LineOptions())  # endless; iterated, paced one by one
+    assert len(list(itertools.islice(paced, 5))) == 5 and paced.taken == 5
