@@ -1,6 +1,5 @@
 """Where `kdg produce` gets records: text lines, kdg JSON envelopes, or synthetic load."""
 
-import itertools
 import os
 import sys
 import time
@@ -94,9 +93,8 @@ def synthetic(count: int | None, size: int, rate: float | None, opts: LineOption
         raise UsageError(f"--size {size}: must not be negative")
     if rate is not None and not rate > 0:
         raise UsageError(f"--rate {rate:g}: must be more than 0 records per second")
-    if not opts.headers:
-        return SyntheticLoad(count, _payload(size), opts, rate)
-    return _synthetic(count, size, rate, opts)
+    load = SyntheticLoad(count, _payload(size), opts, rate)
+    return _with_headers(load, opts.headers) if opts.headers else load
 
 
 PACE_S = 0.002  # a paced load's records are let go in groups due within this long
@@ -107,9 +105,9 @@ def _payload(size: int) -> bytes:
 
 
 class SyntheticLoad:
-    """``count`` records of one payload (endless when None), no ``-H`` headers, at most ``rate`` per second when
-    given: iterated as records, or taken as columns (``take``), which `kdg produce` sends without a
-    :class:`Record` each.
+    """``count`` records of one payload (endless when None), at most ``rate`` per second when given, with no
+    headers of their own (``-H`` ones are added by :func:`_with_headers`): iterated as records, or taken as
+    columns (``take``), which `kdg produce` sends without a :class:`Record` each.
 
     Paced, ``take`` hands out only records already due (record k is due ``k / rate`` seconds after the first),
     so none waits in a chunk; when none is due it sleeps until those of the next :data:`PACE_S` are, one
@@ -123,27 +121,27 @@ class SyntheticLoad:
         self.start: float | None = None
 
     def __iter__(self) -> Iterator[Record]:
-        while self.left is None or self.left > 0:
-            if self.rate is not None:
-                self._due(1)
-            if self.left is not None:
-                self.left -= 1
-            self.taken += 1
+        while self._out(1):
             yield Record(self.payload, self.key, [], self.partition)
 
     def take(self, n: int) -> tuple[list, list, list, list] | None:
         """Up to ``n`` more records (only those due, when paced; at least one) as columns: values, keys, headers
         (none of their own) and partitions. None once ``count`` were taken."""
+        n = self._out(n)
+        return ([self.payload] * n, [self.key] * n, [[]] * n, [self.partition] * n) if n else None
+
+    def _out(self, n: int) -> int:
+        """How many of the next ``n`` records go now (0: all ``count`` went), counted out."""
         if self.left is not None:
             n = min(n, self.left)
         if n <= 0:
-            return None
+            return 0
         if self.rate is not None:
             n = self._due(n)
         if self.left is not None:
             self.left -= n
         self.taken += n
-        return [self.payload] * n, [self.key] * n, [[]] * n, [self.partition] * n
+        return n
 
     def _due(self, n: int) -> int:
         """How many of the next ``n`` records are due (≥ 1), after sleeping until some are."""
@@ -158,14 +156,9 @@ class SyntheticLoad:
             time.sleep(max((self.taken + wanted - 1) / self.rate - elapsed, 0.0))
 
 
-def _synthetic(count: int | None, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:
-    payload = _payload(size)
-    key = opts.key.encode() if opts.key is not None else None
-    headers, partition = opts.headers, opts.partition
-    start = time.monotonic()
-    for seq in (range(count) if count is not None else itertools.count()):
-        if rate:
-            ahead = seq / rate - (time.monotonic() - start)
-            if ahead > 0:
-                time.sleep(ahead)
-        yield Record(payload, key, list(headers) if headers else [], partition)
+def _with_headers(load: "SyntheticLoad", headers: list) -> Iterator[Record]:
+    """``load``'s records (paced as it paces them), each with its own copy of the ``-H`` headers: one record at
+    a time, since kdg's headers are added to each record's own."""
+    for rec in load:
+        rec.headers = list(headers)
+        yield rec
