@@ -97,7 +97,7 @@ class TemplateMaker:
 
     def many(self, first: int, n: int) -> list[str]:
         """The keys of sequences ``first`` to ``first + n - 1``."""
-        return [self.template.format(seq=seq) for seq in range(first, first + n)]
+        return list(map(self, range(first, first + n)))
 
     def head_part(self, key: str) -> str:
         """The part of ``key`` a head would be: the template's text before ``{seq}``."""
