@@ -136,7 +136,7 @@ class _Outcomes:
         Reports that all succeeded, with keys of a form the ledger can rebuild, go per run
         (:meth:`_record_runs`); the others one at a time (:meth:`_record_each`)."""
         form = self.keys.form if self.keys is not None else None
-        if form is not None and list(map(_ERROR, deliveries)).count(None) == len(deliveries):
+        if form is not None and not any(map(_ERROR, deliveries)):
             self._record_runs(deliveries)  # the common case, per partition and per run (below)
         else:
             self._record_each(deliveries)
@@ -154,22 +154,29 @@ class _Outcomes:
         for partition in sorted(by_partition):
             group = ordered[start:start + by_partition[partition]]
             start += len(group)
-            keys, seqs = list(map(_KEY_OF, group)), list(map(_SEQ_OF, group))
+            seqs = list(map(_SEQ_OF, group))
             offsets = list(map(_OFFSET_OF, group)) if self.confirms else [None] * len(group)
-            heads = list(map(self.keys.head_part, keys))
+            heads = list(map(_HEAD_OF, group))  # the producer's word for the keys its id maker made (Chunk.head)
+            keys = None if None not in heads else list(map(_KEY_OF, group))  # else each key is checked
+            if keys is not None:
+                heads = list(map(self.keys.head_part, keys))
             at = 0
             while at < len(group):
                 end = _run_end(heads, seqs, offsets, at)
-                if not self._extend(partition, heads[at], keys[at:end], seqs[at:end], offsets[at:end]):
+                if not self._extend(partition, heads[at], group[at][0], seqs[at:end], offsets[at:end],
+                                    keys and keys[at:end]):
                     self._record_each(group[at:], counted=True)  # not one run: record by record from here
                     break
                 at = end
 
-    def _extend(self, partition: int, head: str, keys: list[str], seqs: list[int], offsets: list) -> bool:
-        """Make ``keys`` (one head, in order) part of ``partition``'s run, if they are one: False if not."""
-        n, seq = len(keys), seqs[0]
+    def _extend(self, partition: int, head: str, first_key: str, seqs: list[int], offsets: list,
+                keys: list[str] | None) -> bool:
+        """Make the records of ``seqs`` (one head, in order; the first's key ``first_key``) part of ``partition``'s
+        run, if they are one: False if not. ``keys``: theirs, each checked to be what ``head`` makes of its
+        sequence; None when the producer's id maker made them of ``head`` (:attr:`Chunk.head`)."""
+        n, seq = len(seqs), seqs[0]
         if (seqs != list(range(seq, seq + n)) or not self.keys.in_range(seq, seq + n - 1)
-                or keys != self.keys.made_of(head, seq, n)):
+                or keys is not None and keys != self.keys.made_of(head, seq, n)):
             return False
         offset = offsets[0]
         if offset is not None and offsets != list(range(offset, offset + n)):
@@ -181,7 +188,7 @@ class _Outcomes:
             return True
         if run is not None:
             self._close(run)
-        self.runs[partition] = [head, seq, partition, offset, keys[0], seq + n, after]
+        self.runs[partition] = [head, seq, partition, offset, first_key, seq + n, after]
         return True
 
     def _record_each(self, deliveries: list[tuple], counted: bool = False) -> None:
@@ -193,7 +200,7 @@ class _Outcomes:
         form = self.keys.form if self.keys is not None else None
         hex8, suffix = form == "x8", self.keys.suffix if form == "d" else ""
         errors: Counter = Counter()
-        for key, seq, partition, offset, error, reason in deliveries:
+        for key, seq, partition, offset, error, reason, _ in deliveries:
             if error is not None:
                 errors[error] += 1
                 rows.append((run_id, key, topic, seq, "failed", None, None, reason, None, None, None))
@@ -283,6 +290,7 @@ class Chunk:
     records: list[Record] | None = None
     ids: list[str] = field(default_factory=list)   # once stamped: each record's idempotency key ...
     seqs: list[int] = field(default_factory=list)  # ... and sequence
+    head: str | None = None  # once stamped, when the id maker made every key of one head: that head
 
     @classmethod
     def of(cls, recs: list[Record]) -> "Chunk":
@@ -303,6 +311,8 @@ class Chunk:
             return
         self.ids, seqs = make_id.many(first, n), range(first, first + n)
         self.seqs = list(seqs)
+        if n and make_id.form is not None and make_id.in_range(first, first + n - 1):
+            self.head = make_id.head_part(self.ids[0])
         made = zip(zip(repeat(ID_HEADER, n), map(str.encode, self.ids)),
                    zip(repeat(SEQ_HEADER, n), map(b"%d".__mod__, seqs)))
         self.headers = [[key, seq] for key, seq in made]
@@ -310,7 +320,7 @@ class Chunk:
     def send(self, producer: KdgProducer, topic: str, reports: DeliveryReports | None) -> None:
         """Queue the (stamped) records in one :meth:`KdgProducer.send_many` (one record: :meth:`KdgProducer.send`),
         each with its delivery report's tracker when there are ``reports``."""
-        callbacks = reports.trackers(self.ids, self.seqs) if reports is not None else None
+        callbacks = reports.trackers(self.ids, self.seqs, self.head) if reports is not None else None
         if len(self.values) == 1:
             producer.send(topic, self.values[0], self.keys[0], self.headers[0], self.partitions[0],
                           callbacks[0] if callbacks else None)
@@ -350,6 +360,7 @@ def _run_end(heads: list[str], seqs: list[int], offsets: list, at: int) -> int:
 
 _VALUE, _KEY, _HEADERS, _PARTITION = (attrgetter(a) for a in ("value", "key", "headers", "partition"))
 _KEY_OF, _SEQ_OF, _PARTITION_OF, _OFFSET_OF, _ERROR = (itemgetter(i) for i in range(5))  # of a delivery report
+_HEAD_OF = itemgetter(6)
 
 
 def run_produce(req: ProduceRequest) -> ProduceReport:

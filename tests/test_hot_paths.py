@@ -182,10 +182,13 @@ def _expand(row: tuple) -> list[tuple]:
 @pytest.mark.parametrize("template", [None, "order-{seq}-x", "o-{seq:05d}"], ids=["uuid7", "template", "formatted"])
 @pytest.mark.parametrize("confirms", [True, False], ids=["acked", "sent"])
 @pytest.mark.parametrize("refusals", [True, False], ids=["refusals", "all-delivered"])
-def test_ledger_runs_stand_for_exactly_the_records_they_replace(template, confirms, refusals, monkeypatch):
+@pytest.mark.parametrize("told", [True, False], ids=["heads-told", "heads-found"])
+def test_ledger_runs_stand_for_exactly_the_records_they_replace(template, confirms, refusals, told, monkeypatch):
     """Delivery reports as they arrive (partitions interleaved; an offset taken by another producer; a
     refusal; a key from the input; a sequence from the input; a key's head renewed mid-run) make fewer rows,
-    which expand to exactly the rows one per record would be. Without refusals, most go by the per-run path."""
+    which expand to exactly the rows one per record would be. Without refusals, most go by the per-run path.
+    ``told``: the producer says which keys its id maker made (their head), as a chunk of made keys does;
+    else the ledger finds and checks each key's head itself."""
     from kdg.metrics import Metrics
     from kdg.produce import ProduceReport, _Outcomes
 
@@ -200,14 +203,15 @@ def test_ledger_runs_stand_for_exactly_the_records_they_replace(template, confir
             time.sleep(0.002)
             make._ms = -1  # the head's time is up: a new head (a later millisecond) from here
         key = "from-the-input" if seq == 57 else make(seq)
+        head = make.head_part(key) if told and make.form is not None and seq not in (57, 300) else None
         if seq == 120:
             offsets[partition] += 1  # another producer's record (or a transaction marker) in between
         if refusals and seq % 97 == 5:
-            reports.append((key, seq, None, None, "MSG_SIZE_TOO_LARGE", "too large"))
+            reports.append((key, seq, None, None, "MSG_SIZE_TOO_LARGE", "too large", head))
             expected.append((key, seq, "failed", None, None, "too large"))
             continue
         at = 10_000 + seq if seq == 300 else seq  # a kdg-seq header of its own: not the key's sequence
-        reports.append((key, at, partition, offsets[partition], None, None))
+        reports.append((key, at, partition, offsets[partition], None, None, head))
         expected.append((key, at, "acked" if confirms else "sent", partition,
                          offsets[partition] if confirms else None, None))
         offsets[partition] += 1

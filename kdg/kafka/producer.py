@@ -56,32 +56,33 @@ class DeliveryReports:
         self._arrived: list[tuple] = []
         self._append = self._arrived.append  # the one list every callback appends to, for good
 
-    def tracker(self, key: str, seq: int) -> partial:
-        """The ``on_delivery`` callback for the record ``(key, seq)``."""
-        return partial(_arrive, self._append, key, seq)
+    def tracker(self, key: str, seq: int, head: str | None = None) -> partial:
+        """The ``on_delivery`` callback for the record ``(key, seq)``; ``head``: the key is that head's key of
+        ``seq``, as the producer's id maker made it (so the ledger need not check it), else None."""
+        return partial(_arrive, self._append, key, seq, head)
 
-    def trackers(self, keys: list[str], seqs: list[int]) -> list[partial]:
-        """:meth:`tracker` of each record, made in C."""
+    def trackers(self, keys: list[str], seqs: list[int], head: str | None = None) -> list[partial]:
+        """:meth:`tracker` of each record (``head``: of every key), made in C."""
         n = len(keys)
-        return list(map(partial, repeat(_arrive, n), repeat(self._append, n), keys, seqs))
+        return list(map(partial, repeat(_arrive, n), repeat(self._append, n), keys, seqs, repeat(head, n)))
 
     def __len__(self) -> int:
         """Reports arrived and not taken yet."""
         return len(self._arrived)
 
-    def take(self) -> list[tuple[str, int, int | None, int | None, str | None, str | None]]:
-        """``(key, seq, partition, offset, error name, error text)`` of each report that arrived since the last
-        call. A delivered record has no error; a failed one no partition or offset."""
+    def take(self) -> list[tuple[str, int, int | None, int | None, str | None, str | None, str | None]]:
+        """``(key, seq, partition, offset, error name, error text, head)`` of each report that arrived since the
+        last call. A delivered record has no error; a failed one no partition or offset."""
         taken = self._arrived[:]
         self._arrived.clear()
         return taken
 
 
-def _arrive(append, key: str, seq: int, err: KafkaError | None, msg) -> None:
+def _arrive(append, key: str, seq: int, head: str | None, err: KafkaError | None, msg) -> None:
     if err is None:
-        append((key, seq, msg.partition(), msg.offset(), None, None))
+        append((key, seq, msg.partition(), msg.offset(), None, None, head))
     else:
-        append((key, seq, None, None, err.name(), err.str()))
+        append((key, seq, None, None, err.name(), err.str(), head))
 
 
 def refused(what: str, failures: Counter[str]) -> DeliveryError:
