@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 from kdg.errors import DeliveryError, KdgError, ProducerFatal, TransactionAborted
 from kdg.guarantees import policy_for
 from kdg.kafka.admin import ensure_topic
-from kdg.kafka.producer import DeliveryReports, KdgProducer
+from kdg.kafka.producer import DeliveryReports, KdgProducer, refusals_for_good, refused
 from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
 from kdg.metrics import Metrics
 from kdg.records import ID_HEADER, SEQ_HEADER, Record, id_maker
@@ -562,7 +562,11 @@ class _Transaction:
     def _again(self) -> None:
         """The open transaction was aborted: its records were purged and reported failed; send them again."""
         self.report.aborted_transactions += 1
-        self.producer.take_failures()
+        failures = self.producer.take_failures()
+        if self.reports is not None:
+            failures.update(name for name in map(_ERROR, self.reports.take()) if name is not None)
+        if refusals := refusals_for_good(failures):  # sent again, they would be refused again: none committed
+            raise refused(f"records to {self.req.topic} (in a transaction, aborted: none of it was committed)", refusals)
         self.reports = self._new_reports()
         self.producer.begin()
         for chunk in self.chunks:

@@ -331,7 +331,13 @@ def test_a_dead_letter_kafka_refuses_stops_the_consumer_and_loses_nothing(kdg, c
 def test_a_record_the_kafka_sinks_topic_refuses_stops_the_consumer_before_its_offsets_move(kdg, conn, group,
                                                                                             guarantee):
     """The output topic refuses the 3,000-byte record: the consumer stops with that error and the group's
-    offset stays at the refused record's batch (offset 50), so a later run reads it again."""
+    offset stays at the refused record's batch (offset 50), so a later run reads it again.
+
+    Under exactly-once the refusal often reaches the producer only after its transaction failed; the batch is
+    still not tried again (each try would add an aborted transaction to the output topic): the topic ends
+    after the 5 committed batches of 10 (a commit marker each) and that one try's abort marker."""
+    from kdg.kafka.admin import watermarks
+
     out = "{topic}-out"
     topic = _one_too_large(kdg, conn, out)
     proc = kdg("consume", topic, "-G", group, "-g", guarantee, "--sink", f"kafka:{out.format(topic=topic)}", "-e",
@@ -340,6 +346,25 @@ def test_a_record_the_kafka_sinks_topic_refuses_stops_the_consumer_before_its_of
     # the refused record's whole produce request is refused with it: 1 to 10 records
     assert re.search(r"were refused by Kafka: \d+ MSG_SIZE_TOO_LARGE", proc.stderr), proc.stderr
     assert _committed(conn, group, topic) == 50
+    if guarantee == "exactly-once":
+        ends = watermarks(conn.bootstrap_servers, out.format(topic=topic), isolation="read_uncommitted")
+        assert ends[0][1] <= 5 * 11 + 1, f"the refused batch was tried again: the output topic ends at {ends[0][1]}"
+
+
+def test_a_refused_record_stops_an_exactly_once_producer_at_once_with_kafkas_reason(kdg, conn):
+    """A record the topic refuses fails its transaction; sent again it would be refused again, so kdg produce
+    stops there, naming the refusal, rather than aborting the same transaction over and over. Nothing of it
+    is in the topic."""
+    from kdg.kafka.admin import watermarks
+
+    topic = _one_too_large(kdg, conn, "{topic}-eos")
+    refusing = f"{topic}-eos"
+    proc = kdg("produce", refusing, "-g", "exactly-once", "--json", stdin="\n".join(["small"] * 20 + ["x" * 3000]) + "\n",
+               check=False)
+    assert proc.returncode == 6, proc.stderr
+    assert re.search(r"none of it was committed\) were refused by Kafka: \d+ MSG_SIZE_TOO_LARGE", proc.stderr), proc.stderr
+    ends = watermarks(conn.bootstrap_servers, refusing)  # read_committed: the last stable offset
+    assert ends[0][1] - ends[0][0] <= 1, ends  # at most the one abort marker
 
 
 def _second_commit_dies(monkeypatch) -> list:

@@ -85,6 +85,17 @@ def _arrive(append, key: str, seq: int, head: str | None, err: KafkaError | None
         append((key, seq, None, None, err.name(), err.str(), head))
 
 
+# Errors a broker answers a record with that it would answer again, however often the record is sent
+REFUSED_FOR_GOOD = frozenset({"MSG_SIZE_TOO_LARGE", "_MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE", "INVALID_RECORD",
+                              "INVALID_TIMESTAMP", "TOPIC_AUTHORIZATION_FAILED"})
+
+
+def refusals_for_good(failures: Counter[str]) -> Counter[str]:
+    """Of ``failures`` (by error name), those a record would meet again if sent again (:data:`REFUSED_FOR_GOOD`);
+    not the records an abort purged, nor what a broker outage failed."""
+    return Counter({name: n for name, n in failures.items() if name in REFUSED_FOR_GOOD})
+
+
 def refused(what: str, failures: Counter[str]) -> DeliveryError:
     """The error for records Kafka refused: ``what`` names them, ``failures`` counts them by error name."""
     reasons = ", ".join(f"{n} {name}" for name, n in failures.most_common())

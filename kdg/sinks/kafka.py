@@ -5,7 +5,7 @@ from confluent_kafka import TopicPartition
 from kdg import faults
 from kdg.errors import ProducerFatal, RetryBatch, TransactionAborted
 from kdg.kafka.admin import ensure_topic
-from kdg.kafka.producer import KdgProducer, refused
+from kdg.kafka.producer import KdgProducer, refusals_for_good, refused
 from kdg.sinks import Batch, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue
 
@@ -53,7 +53,9 @@ class KafkaSink(Sink):
                 self.producer.abort()
             except ProducerFatal as fatal:  # aborting anyway: nothing of it was committed
                 self._renew(fatal, committing=False)
-            self.producer.take_failures()  # the aborted transaction's other records, purged
+            # the aborted transaction's other records, purged; and a refusal that came too late to fail the
+            # commit (a commit can fail as soon as the brokers answer, before the refused records' reports)
+            failures += refusals_for_good(self.producer.take_failures())
             if failures:  # sent again, they would be refused again: stop, nothing of the batch committed
                 raise refused(f"records to {self.out_topic} (or dead letters to {self.dlq.topic})", failures) from exc
             raise RetryBatch(str(exc)) from exc
