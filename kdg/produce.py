@@ -164,7 +164,7 @@ class _Outcomes:
             while at < len(group):
                 end = _run_end(heads, seqs, offsets, at)
                 if not self._extend(partition, heads[at], group[at][0], seqs[at:end], offsets[at:end],
-                                    keys and keys[at:end]):
+                                    None if keys is None else keys[at:end]):
                     self._record_each(group[at:], counted=True)  # not one run: record by record from here
                     break
                 at = end

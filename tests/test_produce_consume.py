@@ -355,10 +355,10 @@ def test_a_refused_record_stops_an_exactly_once_producer_at_once_with_kafkas_rea
     """A record the topic refuses fails its transaction; sent again it would be refused again, so kdg produce
     stops there, naming the refusal, rather than aborting the same transaction over and over. Nothing of it
     is in the topic."""
-    from kdg.kafka.admin import watermarks
+    from kdg.kafka.admin import ensure_topic, watermarks
 
-    topic = _one_too_large(kdg, conn, "{topic}-eos")
-    refusing = f"{topic}-eos"
+    refusing = f"t-{uuid.uuid4().hex[:10]}"
+    ensure_topic(conn.bootstrap_servers, refusing, partitions=1, config={"max.message.bytes": "1000"})
     proc = kdg("produce", refusing, "-g", "exactly-once", "--json", stdin="\n".join(["small"] * 20 + ["x" * 3000]) + "\n",
                check=False)
     assert proc.returncode == 6, proc.stderr

@@ -45,7 +45,7 @@ _FENCED = frozenset({KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.
 
 
 class DeliveryReports:
-    """The delivery report of every record sent with a :meth:`tracker`, collected as plain tuples.
+    """The delivery report of every record sent with one of :meth:`trackers`, collected as plain tuples.
 
     confluent-kafka hands a delivery report no headers, so a record's report is known by its
     callback alone: each record gets a ``functools.partial`` (made in C, cheaper than a closure)
@@ -56,13 +56,9 @@ class DeliveryReports:
         self._arrived: list[tuple] = []
         self._append = self._arrived.append  # the one list every callback appends to, for good
 
-    def tracker(self, key: str, seq: int, head: str | None = None) -> partial:
-        """The ``on_delivery`` callback for the record ``(key, seq)``; ``head``: the key is that head's key of
-        ``seq``, as the producer's id maker made it (so the ledger need not check it), else None."""
-        return partial(_arrive, self._append, key, seq, head)
-
     def trackers(self, keys: list[str], seqs: list[int], head: str | None = None) -> list[partial]:
-        """:meth:`tracker` of each record (``head``: of every key), made in C."""
+        """The ``on_delivery`` callback of each record ``(key, seq)``, made in C. ``head``: every key is what the
+        producer's id maker made of that head and its sequence (so the ledger need not check it), else None."""
         n = len(keys)
         return list(map(partial, repeat(_arrive, n), repeat(self._append, n), keys, seqs, repeat(head, n)))
 
