@@ -17,6 +17,19 @@ def _unreachable(client, bootstrap: str, exc: KafkaException, doing: str = "") -
     return ConnectionFailed(f"cannot reach Kafka at {bootstrap}: {exc.args[0].str()}")
 
 
+def _metadata(admin, topic: str | None = None, timeout: float = 10.0):
+    """``list_topics`` in slices of a second: between them a refused login or certificate, queued by the error
+    callback, is raised (:func:`raise_queued`), so it is named within a second or two, not after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return admin.list_topics(topic, timeout=min(1.0, max(deadline - time.monotonic(), 0.1)))
+        except KafkaException:
+            raise_queued(admin)
+            if time.monotonic() >= deadline:
+                raise
+
+
 def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float = 90.0,
                             props: dict | None = None) -> None:
     admin = admin_client(bootstrap, props)
@@ -38,7 +51,7 @@ def broker_ids(bootstrap: str, extra: dict | None = None, timeout: float = 10) -
     """The registered brokers' ids; a refused login or certificate is named as such."""
     admin = admin_client(bootstrap, extra)
     try:
-        return sorted(admin.list_topics(timeout=timeout).brokers)
+        return sorted(_metadata(admin, timeout=timeout).brokers)
     except KafkaException as exc:
         raise _unreachable(admin, bootstrap, exc) from None
 
@@ -47,7 +60,7 @@ def topic_partitions(bootstrap: str, topic: str, extra: dict | None = None, time
     """Partition ids of ``topic``; a usage error if it does not exist."""
     admin = admin_client(bootstrap, extra)
     try:
-        md = admin.list_topics(topic, timeout=timeout)
+        md = _metadata(admin, topic, timeout)
     except KafkaException as exc:
         raise _unreachable(admin, bootstrap, exc) from None
     t = md.topics.get(topic)
@@ -63,7 +76,7 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 3, extra: dict
     """Create ``topic`` with the cluster's default replication if missing; True if created."""
     admin = admin_client(bootstrap, extra)
     try:
-        md = admin.list_topics(timeout=10)
+        md = _metadata(admin)
     except KafkaException as exc:
         raise _unreachable(admin, bootstrap, exc) from None
     if topic in md.topics and md.topics[topic].error is None:
