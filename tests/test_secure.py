@@ -29,7 +29,7 @@ from kdg.stack.layout import StackLayout
 # below Linux's ephemeral range (32768-60999): a client socket of another worker's test cannot hold them
 BROKER_PORT = int(os.environ.get("KDG_TEST_SECURE_BROKER_PORT", "23092"))
 PG_PORT = int(os.environ.get("KDG_TEST_SECURE_PG_PORT", "23032"))
-FAST_FAIL_S = 30
+FAST_FAIL_S = 8  # about 1.2 s on a quiet machine; a refused login waited for list_topics' 10 s would fail
 
 
 @pytest.fixture(scope="module")
