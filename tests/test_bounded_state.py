@@ -85,7 +85,9 @@ def test_a_duplicate_is_dropped_inside_the_window_and_written_outside_it(kdg, co
     maintained = as_json(kdg("db", "maintain", "--json"))  # drops the hour-old partition of the table's claims
     assert f"public.{table}_typo" not in {w["sink_table"] for w in maintained["windows"]}
     mine = next(w for w in maintained["windows"] if w["sink_table"] == f"public.{table}")
-    assert mine["dropped"] >= 1 and mine["horizon_ms"] is not None, mine
+    # dropped now, or a moment before by another worker's `db maintain` (test_identity maintains every window):
+    # either way the horizon moved, and the second consume below shows the hour-old claims are gone
+    assert mine["horizon_ms"] is not None, mine  # a fresh table: its window has a horizon once a partition went
     kdg("produce", topic, "-g", "exactly-once", "--format", "json", "-f", envelopes)
     second = as_json(kdg(*consume))
     # inside the window: recognised and dropped; outside it: written again, and the report says so
