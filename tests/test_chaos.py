@@ -46,6 +46,25 @@ def test_lost_acknowledgements_duplicate_only_without_idempotence(stack):
     assert cells[("at-least-once", "ack-loss")].duplicates > 0
     eo = cells[("exactly-once", "ack-loss")]
     assert (eo.lost, eo.duplicates) == (0, 0), eo
+    for cell in cells.values():  # audited and passed: nothing of the cell is left on the brokers or in Postgres
+        assert not cell.kept and _left_behind(stack, cell.topic) == {}, (cell.topic, cell.timeline)
+
+
+def _left_behind(stack, topic: str) -> dict:
+    """What of a cell's ``topic`` is still there: its topics, and its rows in kdg's tables."""
+    from kdg.kafka.clients import admin_client
+    from kdg.store.pg import Store
+
+    left = {t: "topic" for t in admin_client(stack.bootstrap_servers, stack.admin_properties()).list_topics(
+        timeout=10).topics if t == topic or t.startswith(topic + ".") or t.startswith(topic + "-")}
+    store = Store(stack.pg_dsn)
+    try:
+        for table in ("kdg_events", "kdg_dedup", "kdg_offsets", "kdg_ledger", "kdg_producer_runs"):
+            if n := store.fetchval(f"SELECT count(*) FROM {table} WHERE topic = $1", topic):
+                left[table] = n
+    finally:
+        store.close()
+    return left
 
 
 # make test budget: postgres-restart's cell is long; in make test, Postgres is restarted under an exactly-once

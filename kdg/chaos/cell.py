@@ -34,6 +34,8 @@ class CellResult:
     zombie_refused_batches: int = 0
     timeline: list = field(default_factory=list)
     progress: list = field(default_factory=list)
+    topic: str = ""        # the cell's input topic; its data is deleted after the audit unless kept
+    kept: bool = False     # the cell's topics and rows were left in place (--keep, or a failed cell)
 
 
 class Cell:
@@ -44,7 +46,7 @@ class Cell:
         tag = uuid.uuid4().hex[:8]
         self.topic, self.group = f"chaos-{fault}-{tag}", f"chaos-{guarantee}-{tag}"
         self.sink = "postgres" if sink == "postgres" else f"kafka:{self.topic}-out"
-        self.result = CellResult(guarantee, fault, repetition)
+        self.result = CellResult(guarantee, fault, repetition, topic=self.topic)
         # the cell's own checks use the stack's admin profile; its kdg processes the client user's
         self.conn = Connection(layout.bootstrap_servers, layout.pg_dsn, layout.admin_properties())
         self.started = time.monotonic()
@@ -145,6 +147,36 @@ class Cell:
 
     def stop_sampling(self) -> None:
         self._sampling = False
+
+    # -- clean-up ----------------------------------------------------------------------------
+    def forget(self) -> None:
+        """Delete what the cell left behind once it is audited: its topics (input, dead letters, a Kafka sink's
+        output) and, in Postgres, its sink rows, exactly-once claims, stored offsets and producer ledger.
+
+        A long matrix otherwise keeps every cell's records three times over on the brokers and once more in
+        Postgres (tens of GB over a 100k × 3 run), and a disk that fills makes the next run fail for nothing.
+        """
+        from kdg.kafka.admin import delete_topics
+        from kdg.sinks.dead_letters import dlq_topic
+        from kdg.store.identity import resolve_table
+        from kdg.store.pg import Store
+
+        topics = [self.topic, dlq_topic(self.topic)]
+        if self.sink.startswith("kafka:"):
+            topics += [self.sink[6:], dlq_topic(self.sink[6:])]
+        delete_topics(self.layout.bootstrap_servers, topics, self.conn.extra)
+        store = Store(self.layout.pg_dsn)
+        try:
+            sink = store._run(resolve_table(store.conn, "kdg_events")).text  # the identity claims are kept under
+            for sql, *args in (("DELETE FROM kdg_events WHERE topic = $1", self.topic),
+                               ("DELETE FROM kdg_dedup WHERE sink_table = $1 AND topic = $2", sink, self.topic),
+                               ("DELETE FROM kdg_offsets WHERE consumer_group = $1", self.group),
+                               ("DELETE FROM kdg_replays WHERE consumer_group = $1", self.group),
+                               ("DELETE FROM kdg_ledger WHERE topic = $1", self.topic),
+                               ("DELETE FROM kdg_producer_runs WHERE topic = $1", self.topic)):
+                store.execute(sql, *args)
+        finally:
+            store.close()
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, dict, str]:

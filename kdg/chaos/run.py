@@ -8,7 +8,7 @@ from typing import Callable
 from kdg.audit import run_audit
 from kdg.chaos.cell import Cell, CellResult
 from kdg.chaos.injectors import INJECTORS, SPARK_INJECTORS
-from kdg.errors import UsageError
+from kdg.errors import KdgError, UsageError
 from kdg.guarantees import CommitMode, Guarantee, policy_for
 from kdg.machine import machine
 from kdg.stack.layout import StackLayout
@@ -36,7 +36,8 @@ def verdict(result: CellResult) -> tuple[str, str]:
 
 
 def run_cell(layout: StackLayout, guarantee: str, fault: str, repetition: int, messages: int,
-             sink: str) -> CellResult:
+             sink: str, keep: bool = False) -> CellResult:
+    """One cell, audited. Its topics and rows are deleted afterwards, unless ``keep`` or the cell failed."""
     cell = Cell(layout, guarantee, fault, repetition, messages, sink)
     cell.start_sampling()
     try:
@@ -53,6 +54,13 @@ def run_cell(layout: StackLayout, guarantee: str, fault: str, repetition: int, m
         setattr(cell.result, name, getattr(audit, name))
     cell.result.duration_s = cell.now()
     cell.result.verdict, cell.result.note = verdict(cell.result)
+    cell.result.kept = keep or cell.result.verdict != "PASS"  # a failed cell's records are there to be read
+    if not cell.result.kept:
+        try:
+            cell.forget()
+        except KdgError as exc:  # the verdict stands; the data is only left behind, and said so
+            cell.result.kept = True
+            cell.event(f"could not delete the cell's topics and rows: {exc}")
     return cell.result
 
 
@@ -77,7 +85,7 @@ def parse_guarantees(spec: str) -> list[str]:
 
 
 def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], messages: int, repeat: int,
-              sink: str, on_cell: Callable[[dict], None] | None = None) -> dict:
+              sink: str, on_cell: Callable[[dict], None] | None = None, keep: bool = False) -> dict:
     """Run the matrix; returns the results document that reports are written from.
 
     Repetitions are the outer loop, so a long run stopped part-way has whole matrices, not ten
@@ -100,7 +108,7 @@ def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], 
             for guarantee in guarantees:
                 if fault in SPARK_INJECTORS and policy_for(guarantee).commit_mode is CommitMode.BEFORE_PROCESSING:
                     continue  # spark-stream refuses at-most-once: there is no such pipeline to break
-                result = run_cell(layout, guarantee, fault, rep, messages, sink)
+                result = run_cell(layout, guarantee, fault, rep, messages, sink, keep)
                 results["cells"].append(asdict(result))
                 results["duration_s"] = round(time.monotonic() - started, 1)
                 if on_cell:

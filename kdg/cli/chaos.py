@@ -36,6 +36,9 @@ def run(
                                              "spark-executor-kill, spark-broker-kill, spark-postgres-restart; "
                                              "at-most-once has no cells there), or both, side by side.")] = "consume",
     report: Annotated[Optional[Path], typer.Option(help="Write index.html, PNG charts and results.json here.")] = None,
+    keep: Annotated[bool, typer.Option(help="Keep every cell's topics and Postgres rows to inspect them. Without "
+                                            "it they are deleted once the cell is audited, except a failed "
+                                            "cell's.")] = False,
     state_dir: StateDir = None,
     as_json: Json = False,
 ) -> None:
@@ -56,7 +59,7 @@ def run(
                               f"#{cell['repetition']}: {cell['note']}")
 
     results = run_chaos(layout, guarantees=parse_guarantees(guarantee), faults=parse_faults(faults, engine),
-                        messages=messages, repeat=repeat, sink=sink, on_cell=show)
+                        messages=messages, repeat=repeat, sink=sink, on_cell=show, keep=keep)
     _publish(results, report, as_json)
 
 

@@ -93,6 +93,24 @@ def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 3, extra: dict
     return True
 
 
+def delete_topics(bootstrap: str, topics: list[str], extra: dict | None = None, timeout: float = 30) -> list[str]:
+    """Delete those of ``topics`` that exist, and wait until the controller has; the ones deleted."""
+    admin = admin_client(bootstrap, extra)  # held until the answers: a destroyed client fails its futures
+    try:
+        existing = _metadata(admin, timeout=timeout).topics
+    except KafkaException as exc:
+        raise _unreachable(admin, bootstrap, exc) from None
+    doomed = [t for t in topics if t in existing]
+    for topic, future in (admin.delete_topics(doomed, operation_timeout=timeout).items() if doomed else ()):
+        try:
+            future.result(timeout + 5)
+        except KafkaException as exc:
+            if exc.args[0].name() != "UNKNOWN_TOPIC_OR_PART":  # gone meanwhile: what was asked for
+                check(exc.args[0], f"deleting topic {topic!r}")
+                raise DeliveryError(f"could not delete topic {topic!r}: {exc.args[0].str()}") from exc
+    return doomed
+
+
 def _wait_topic_visible(admin: AdminClient, topic: str, partitions: int, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
