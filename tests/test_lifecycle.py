@@ -245,3 +245,29 @@ def test_kdg_frees_its_kafka_clients_before_python_ends(conn, topic, monkeypatch
         gc.enable()
     assert ended.value.code == 5  # cannot reach Postgres, after the producer was made
     assert left == []
+
+
+def test_a_producer_let_go_is_destroyed_there_with_its_client(conn, topic):
+    """As a library (a Spark task, a user's script): a KdgProducer that has sent and is dropped is destroyed at
+    once, its confluent-kafka client with it, by reference counting alone; its client's callbacks do not hold it."""
+    import gc
+    import weakref
+
+    from confluent_kafka import Producer
+
+    from kdg.guarantees import policy_for
+    from kdg.kafka.producer import KdgProducer
+
+    gc.collect()
+    before = {id(o) for o in gc.get_objects() if isinstance(o, Producer)}
+    gc.disable()  # no cycle collection: only what reference counting frees goes
+    try:
+        producer = KdgProducer(policy_for("at-least-once"), conn.bootstrap_servers, every_report=False)
+        producer.send(topic, b"one")
+        producer.deliver(f"a record to {topic}", timeout=30)
+        held = weakref.ref(producer)
+        del producer
+        left = [o for o in gc.get_objects() if isinstance(o, Producer) and id(o) not in before]
+    finally:
+        gc.enable()
+    assert held() is None and left == []

@@ -14,6 +14,7 @@ source options and the chaos probes — so the guard rails cannot be skipped:
    the property as the user typed it.
 """
 
+import weakref
 from enum import Enum
 
 from confluent_kafka import Consumer, KafkaException, Producer
@@ -97,6 +98,24 @@ def _policy_part(role: Role, policy: DeliveryPolicy | None) -> dict[str, object]
     if role in (Role.CONSUMER, Role.SPARK_SOURCE):
         return policy.consumer_config()
     return {}
+
+
+def weakly(method):
+    """The bound ``method`` as a client callback that does not keep its object alive.
+
+    A client holding its owner's bound method is a cycle (owner → client → callback → owner) that
+    reference counting never frees. The cycle collector frees it later, maybe only while Python
+    shuts down, when librdkafka's threads can still call back into a half-gone interpreter. One
+    `kdg produce` with a refused login in 80 died of SIGSEGV that way, after printing the right error.
+    With this, dropping the owner destroys its client at once, where the owner was let go."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args):
+        bound = ref()
+        if bound is not None:
+            return bound(*args)
+
+    return call
 
 
 def new_producer(config: dict[str, object], role: Role = Role.PRODUCER) -> Producer:

@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 from kdg.errors import DeliveryError, KdgError, ProducerFatal, TransactionAborted, UsageError
 from kdg.guarantees import DeliveryPolicy
 from kdg.kafka.access import check, on_error
-from kdg.kafka.clients import Role, client_config, new_producer
+from kdg.kafka.clients import Role, client_config, new_producer, weakly
 
 
 def producer_config(policy: DeliveryPolicy, bootstrap: str, extra: dict, transactional_id: str | None,
@@ -122,8 +122,9 @@ class KdgProducer:
         self._fatal: KafkaError | None = None  # the fatal error behind a later _FATAL, heard by error_cb
         self._stuck: list = []  # clients left with a thread inside a call that never returned (kept alive)
         self.hung_after_s = HUNG_AFTER_S
-        reports = {} if every_report else {"delivery.report.only.error": True, "on_delivery": self._count_failure}
-        self._role, self._client_config = role, {**self.config, **reports, "error_cb": self._on_error}
+        # the client's callbacks hold this object weakly: dropped, it and its client go at once (weakly)
+        reports = {} if every_report else {"delivery.report.only.error": True, "on_delivery": weakly(self._count_failure)}
+        self._role, self._client_config = role, {**self.config, **reports, "error_cb": weakly(self._on_error)}
         self._producer = new_producer(self._client_config, role)
         self.in_transaction = False
         if init:
