@@ -457,21 +457,26 @@ def sustainable_rate(layout, guarantee: str, sink: str, size: int, kdg_path: str
 
 
 def latency_part(layout, rate: float | None, seconds: float, size: int, here: str,
-                 baseline: str | None) -> list[dict]:
+                 baseline: str | None, batch_ms: int | None = None) -> list[dict]:
     """Every guarantee × sink, with the baseline's kdg right after the current one when there is one; at
-    ``rate``, or (None) at half the pipeline's sustainable rate, searched for each kdg."""
+    ``rate``, or (None) at half the pipeline's sustainable rate, searched for each kdg. ``batch_ms``: `kdg
+    consume --batch-ms` in the search and the measured run (None: kdg's default)."""
+    pipeline = consume_pipeline if batch_ms is None else (
+        lambda topic, group, guarantee, sink_args: [*consume_pipeline(topic, group, guarantee, sink_args),
+                                                    "--batch-ms", str(batch_ms)])
     results = []
     for guarantee in GUARANTEES:
         for sink in SINKS:
             for label, path in (("kdg", here), ("baseline", baseline)):
                 if path is None:
                     continue
-                found, probes = sustainable_rate(layout, guarantee, sink, size, path) if rate is None else (None, [])
+                found, probes = (sustainable_rate(layout, guarantee, sink, size, path, pipeline) if rate is None
+                                 else (None, []))
                 if rate is None and not found:
                     print(f"  {guarantee} → {sink} ({label}): kept up at no rate from {SEARCH_MIN:,.0f}/s; not measured")
                     continue
-                result = latency_run(layout, guarantee, sink, rate or found / 2, seconds, size, path)
-                result.update(which=label, sustainable_rate=found, search=probes)
+                result = latency_run(layout, guarantee, sink, rate or found / 2, seconds, size, path, pipeline)
+                result.update(which=label, sustainable_rate=found, search=probes, consume_batch_ms=batch_ms)
                 results.append(result)
                 print(f"  {guarantee} → {sink} ({label}): p50 {result['p50_ms']} ms, p95 {result['p95_ms']} ms, "
                       f"p99 {result['p99_ms']} ms, max {result['max_ms']} ms at {result['achieved_rate']:,.0f}/s; "

@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/produce_bench.py [--records N] [--consume-records N] [--repeat K]
         [--only PARTS] [--baseline DIR] [--latency-rate R] [--latency-seconds S] [--latency-size B]
+        [--latency-batch-ms N]
         [--json PATH] [--chart PATH]
 
 Flags (defaults are what `make bench` runs; `make bench BENCH_ARGS="..."` passes more):
@@ -15,6 +16,8 @@ Flags (defaults are what `make bench` runs; `make bench BENCH_ARGS="..."` passes
                        each pipeline's sustainable rate, searched first (latency_bench.sustainable_rate)
   --latency-seconds S  how long it produces, per guarantee and sink (60)
   --latency-size B     record size in bytes in the latency part (100)
+  --latency-batch-ms N `kdg consume --batch-ms N` in the latency part (kdg's default if not given): the aim for
+                       exactly-once into Postgres is p99 <= N + 200 ms
   --json PATH          everything measured (benchmarks/results/produce_bench.json)
   --chart PATH         the chart, PNG (docs/bench.png); "" for none
 
@@ -196,6 +199,7 @@ def main() -> None:
                     help="records/s of the latency part's producer, or auto: half of each pipeline's sustainable rate")
     ap.add_argument("--latency-seconds", type=float, default=60, help="seconds it produces, per guarantee and sink")
     ap.add_argument("--latency-size", type=int, default=100, help="record size in the latency part")
+    ap.add_argument("--latency-batch-ms", type=int, help="kdg consume --batch-ms in the latency part (kdg's default)")
     ap.add_argument("--json", default=str(Path(__file__).parent / "results" / "produce_bench.json"))
     ap.add_argument("--chart", default=str(Path(__file__).resolve().parent.parent / "docs" / "bench.png"),
                     help='PNG of the ratios and latencies ("" for none)')
@@ -211,6 +215,8 @@ def main() -> None:
         args.latency_rate = None if args.latency_rate == "auto" else float(args.latency_rate)
     except ValueError:
         ap.error(f"--latency-rate {args.latency_rate!r}: a number of records/s, or auto")
+    if args.latency_batch_ms is not None and args.latency_batch_ms < 1:
+        ap.error("--latency-batch-ms must be at least 1")
     if (args.latency_rate is not None and args.latency_rate <= 0) or args.latency_seconds <= 0:
         ap.error("--latency-rate and --latency-seconds must be more than 0")
     layout = stack()
@@ -261,8 +267,10 @@ def main() -> None:
             f"{args.latency_rate:,.0f} records/s"
         print(f"latency: {shown}, records of {args.latency_size} B for {args.latency_seconds:g} s per guarantee and sink")
         latency = latency_part(layout, args.latency_rate, args.latency_seconds, args.latency_size, HERE,
-                               args.baseline)
+                               args.baseline, args.latency_batch_ms)
     defaults = kdg_defaults()
+    if args.latency_batch_ms is not None:
+        defaults["consume_poll_timeout_s"] = args.latency_batch_ms / 1000  # what the latency part ran with
     if rows:
         print_table(rows, startup)
     print_latency(latency, defaults)
