@@ -62,7 +62,8 @@ def print_latency(results: list[dict], defaults: dict) -> None:
         print(f"NOT KEEPING UP: {', '.join(behind)} saw their last record more than {BEHIND_S:g} s after the "
               "producer finished: the consumer fell behind the rate, so these latencies measure a backlog and grow "
               "with --latency-seconds.")
-    print(f"kdg consume as run here (its defaults unless --latency-batch-ms): one sink transaction (exactly-once: rows or output records with the offsets) "
+    print(f"kdg consume as run here (its defaults unless --latency-batch-ms): one sink transaction (exactly-once: "
+          f"rows or output records with the offsets) "
           f"per batch of up to {defaults['consume_batch_size']} records or {defaults['consume_poll_timeout_s']} s "
           f"of polling; kdg produce exactly-once commits every {defaults['produce_txn_interval_ms']} ms "
           f"(or {defaults['produce_txn_size']} records). Consumer CPU includes its startup and warm-up. "
