@@ -42,10 +42,9 @@ def fresh_topic(prefix: str) -> str:
 def drop_topic(layout, topic: str) -> None:
     """Delete a topic a measurement is done with: repeated runs of replicated records fill a disk otherwise
     (one full `make bench` with --baseline writes tens of GB across three brokers)."""
-    from kdg.kafka.clients import admin_client
+    from kdg.kafka.admin import delete_topics
 
-    admin = admin_client(layout.bootstrap_servers)  # held until the answer: a destroyed client fails its futures
-    admin.delete_topics([topic], operation_timeout=30)[topic].result(60)
+    delete_topics(layout.bootstrap_servers, [topic])
 
 
 def sql(dsn: str, *statements: tuple) -> list:

@@ -281,12 +281,9 @@ def produce(layout, records: int) -> str:
 
 
 def delete_topics(layout, topics: list[str]) -> None:
-    from kdg.kafka.admin import admin_client
+    from kdg.kafka.admin import delete_topics
 
-    if topics:
-        admin = admin_client(layout.bootstrap_servers)
-        for future in admin.delete_topics(topics).values():
-            future.result(30)
+    delete_topics(layout.bootstrap_servers, topics)
 
 
 def versions(layout) -> dict:

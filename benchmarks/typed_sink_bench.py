@@ -32,7 +32,7 @@ from decimal import Decimal
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import fresh_topic, machine, sql, stack  # noqa: E402
+from common import drop_topic, fresh_topic, machine, sql, stack  # noqa: E402
 
 COLUMNS = [("order_id", "bigint", "json:id"), ("customer", "text", "json:/customer/name"),
            ("amount", "numeric(12,2)", "json:amount"), ("placed_at", "timestamptz", "json:placed_at"),
@@ -171,10 +171,7 @@ def main() -> None:
         mapping.unlink(missing_ok=True)
         for table in tables:
             sql(dsn, (f"DROP TABLE IF EXISTS {table}",), ("DELETE FROM kdg_dedup WHERE sink_table = $1", table))
-        from confluent_kafka.admin import AdminClient
-
-        admin = AdminClient({"bootstrap.servers": layout.bootstrap_servers})  # held until the deletion is done
-        admin.delete_topics([topic])[topic].result(60)
+        drop_topic(layout, topic)
     med = {k: statistics.median(r["rows_per_s"] for r in v) for k, v in runs.items()}
     ratio = {name: round(statistics.median(a["rows_per_s"] / b["rows_per_s"] for a, b in zip(runs[x], runs[y])), 3)
              for name, x, y in (("typed/generic", "typed", "generic"), ("typed/copy", "typed", "copy"),

@@ -158,7 +158,6 @@ class Cell:
         """
         from kdg.kafka.admin import delete_topics
         from kdg.sinks.dead_letters import dlq_topic
-        from kdg.store.identity import resolve_table
         from kdg.store.pg import Store
 
         topics = [self.topic, dlq_topic(self.topic)]
@@ -167,7 +166,7 @@ class Cell:
         delete_topics(self.layout.bootstrap_servers, topics, self.conn.extra)
         store = Store(self.layout.pg_dsn)
         try:
-            sink = store._run(resolve_table(store.conn, "kdg_events")).text  # the identity claims are kept under
+            sink = store.resolve_table("kdg_events").text  # the identity claims are kept under
             for sql, *args in (("DELETE FROM kdg_events WHERE topic = $1", self.topic),
                                ("DELETE FROM kdg_dedup WHERE sink_table = $1 AND topic = $2", sink, self.topic),
                                ("DELETE FROM kdg_offsets WHERE consumer_group = $1", self.group),

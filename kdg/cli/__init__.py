@@ -71,10 +71,10 @@ def main() -> None:
 
         signal.signal(signal.SIGINT, exit_now)
         signal.signal(signal.SIGTERM, exit_now)
-    # Kafka clients hold their owner through their callbacks (a cycle), so refcounting never frees one the
-    # command left behind (the producer in an error's traceback). The interpreter's last collection would,
-    # after faulthandler and much else is gone, while librdkafka's threads still call back into Python: 1
-    # exit in 80 ended in SIGSEGV after the right error line. Collected here, clients go while Python works.
+    # A Kafka client caught in a cycle (a consumer's rebalance callbacks close over it; a producer's hold it
+    # only weakly, kdg.kafka.clients.weakly) is freed by no reference count. The interpreter's last collection
+    # would, after faulthandler and much else is gone, while librdkafka's threads still call back into Python:
+    # 1 exit in 80 ended in SIGSEGV after the right error line. Collected here, clients go while Python works.
     gc.collect()
     sys.exit(code)
 

@@ -101,7 +101,9 @@ def delete_topics(bootstrap: str, topics: list[str], extra: dict | None = None, 
     except KafkaException as exc:
         raise _unreachable(admin, bootstrap, exc) from None
     doomed = [t for t in topics if t in existing]
-    for topic, future in (admin.delete_topics(doomed, operation_timeout=timeout).items() if doomed else ()):
+    if not doomed:
+        return []
+    for topic, future in admin.delete_topics(doomed, operation_timeout=timeout).items():
         try:
             future.result(timeout + 5)
         except KafkaException as exc:

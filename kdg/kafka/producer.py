@@ -123,7 +123,8 @@ class KdgProducer:
         self._stuck: list = []  # clients left with a thread inside a call that never returned (kept alive)
         self.hung_after_s = HUNG_AFTER_S
         # the client's callbacks hold this object weakly: dropped, it and its client go at once (weakly)
-        reports = {} if every_report else {"delivery.report.only.error": True, "on_delivery": weakly(self._count_failure)}
+        reports = {} if every_report else {"delivery.report.only.error": True,
+                                           "on_delivery": weakly(self._count_failure)}
         self._role, self._client_config = role, {**self.config, **reports, "error_cb": weakly(self._on_error)}
         self._producer = new_producer(self._client_config, role)
         self.in_transaction = False
