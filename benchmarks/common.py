@@ -66,6 +66,27 @@ def sql(dsn: str, *statements: tuple) -> list:
     return asyncio.run(go())
 
 
+def drop_sink_tables(dsn: str, tables: list, *statements: tuple) -> None:
+    """Drop benchmark sink tables with what kdg keeps for them: their exactly-once claims and replay rows, which
+    kdg files under each table's identity (``public.name``, as :meth:`kdg.store.pg.Store.resolve_table`
+    gives it), not under the name the benchmark spelled. Then ``statements`` (a group's stored offsets).
+
+    Deleted under the spelled name, nothing matched: every run left its claims in kdg_dedup (84 million
+    rows on one stack), and each repetition met a larger claim table than the one before it."""
+    from kdg.store.pg import Store
+
+    if not tables:
+        return
+    store = Store(dsn)
+    try:
+        names = [store.resolve_table(t).text for t in tables]
+    finally:
+        store.close()
+    sql(dsn, *[(f"DROP TABLE IF EXISTS {t}",) for t in names],
+        ("DELETE FROM kdg_dedup WHERE sink_table = ANY($1::text[])", names),
+        ("DELETE FROM kdg_replays WHERE sink_table = ANY($1::text[])", names), *statements)
+
+
 def median(values):
     return round(statistics.median(values), 1)
 

@@ -29,7 +29,7 @@ import subprocess
 import sys
 import time
 
-from common import _machine_ticks, drop_topic, fresh_topic, kdg_json, postgres_cpu, run_measured, sql
+from common import _machine_ticks, drop_sink_tables, drop_topic, fresh_topic, kdg_json, postgres_cpu, run_measured, sql
 from measures import BASELINE, Measures, row
 
 from kdg.settings import table_name
@@ -51,9 +51,7 @@ def lists_option(kdg_path: str, command: str, option: str) -> bool:
 
 
 def drop_sink(layout, table, group: str) -> None:
-    sql(layout.pg_dsn, (f"DROP TABLE IF EXISTS {table.sql}",),
-        ("DELETE FROM kdg_dedup WHERE sink_table = $1", table.text),
-        ("DELETE FROM kdg_offsets WHERE consumer_group = $1", group))
+    drop_sink_tables(layout.pg_dsn, [table], ("DELETE FROM kdg_offsets WHERE consumer_group = $1", group))
 
 
 def kdg_consume(layout, topic: str, guarantee: str, kdg_path: str, *extra) -> dict:

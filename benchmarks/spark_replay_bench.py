@@ -32,7 +32,7 @@ from pathlib import Path
 from urllib.parse import unquote, urlsplit
 
 sys.path.insert(0, os.path.dirname(__file__))
-from common import fresh_topic, kdg_json, machine, median, sql, stack  # noqa: E402
+from common import drop_sink_tables, fresh_topic, kdg_json, machine, median, sql, stack  # noqa: E402
 
 GUARANTEE = "exactly-once"
 KINDS = ("kdg", "naive", "noop", "arrow")
@@ -261,9 +261,7 @@ def drop_tables(layout, tables: list[str]) -> None:
     repetition meets the same dedup table."""
     if not tables:
         return
-    sql(layout.pg_dsn, *[(f"DROP TABLE IF EXISTS {t}",) for t in tables],
-        ("DELETE FROM kdg_dedup WHERE sink_table = ANY($1::text[])", tables),
-        ("DELETE FROM kdg_replays WHERE sink_table = ANY($1::text[])", tables),
+    drop_sink_tables(layout.pg_dsn, tables,
         ("DELETE FROM kdg_offsets WHERE consumer_group = ANY($1::text[])", [f"bench-{t}" for t in tables]),
         ("VACUUM kdg_dedup",))
 

@@ -32,7 +32,7 @@ from decimal import Decimal
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import drop_topic, fresh_topic, machine, sql, stack  # noqa: E402
+from common import drop_sink_tables, drop_topic, fresh_topic, machine, sql, stack  # noqa: E402
 
 COLUMNS = [("order_id", "bigint", "json:id"), ("customer", "text", "json:/customer/name"),
            ("amount", "numeric(12,2)", "json:amount"), ("placed_at", "timestamptz", "json:placed_at"),
@@ -165,12 +165,11 @@ def main() -> None:
                     raise SystemExit(f"{kind}: {result['rows']} rows, expected {args.records}")
                 runs[kind].append(result)
                 print(f"rep {rep + 1} {kind:8} {result['rows_per_s']:>10,.0f} rows/s  {result}", file=sys.stderr)
-                sql(dsn, (f"DROP TABLE {table}",), ("DELETE FROM kdg_dedup WHERE sink_table = $1", table))
+                drop_sink_tables(dsn, [table])
                 tables.remove(table)
     finally:
         mapping.unlink(missing_ok=True)
-        for table in tables:
-            sql(dsn, (f"DROP TABLE IF EXISTS {table}",), ("DELETE FROM kdg_dedup WHERE sink_table = $1", table))
+        drop_sink_tables(dsn, tables)
         drop_topic(layout, topic)
     med = {k: statistics.median(r["rows_per_s"] for r in v) for k, v in runs.items()}
     ratio = {name: round(statistics.median(a["rows_per_s"] / b["rows_per_s"] for a, b in zip(runs[x], runs[y])), 3)
