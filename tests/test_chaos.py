@@ -7,11 +7,17 @@ or Postgres under everyone run alone (``disrupts_stack``). The whole guarantee Ã
 matrix is `kdg chaos run`'s job (`make test-long`).
 """
 
+import json
+import os
+import signal
+import time
+import uuid
+
 import pytest
 
 from kdg.chaos.run import run_cell
 from kdg.chaos.scenarios import SCENARIOS, run_scenario
-from kdg.stack import cluster
+from kdg.stack import cluster, procs
 
 MESSAGES = 400
 
@@ -65,6 +71,54 @@ def _left_behind(stack, topic: str) -> dict:
     finally:
         store.close()
     return left
+
+
+def test_a_stopped_chaos_run_kills_its_cells_processes_deletes_the_cell_and_exits_0(kdg_spawn, stack):
+    """SIGTERM while a consumer-pause cell holds a member SIGSTOPped: the run kills its processes by pid (the
+    paused one too), deletes the unaudited cell's topic and rows, and exits 0 with what it had done. Before,
+    Python's default SIGTERM ended the run at once (exit 143) and left the paused member stopped for ever."""
+    run = kdg_spawn("chaos", "run", "-g", "at-least-once", "--faults", "consumer-pause", "--messages", 2000, "--json")
+    try:
+        deadline, paused = time.monotonic() + 90, None
+        while paused is None and time.monotonic() < deadline and run.poll() is None:
+            paused = next((pid for pid in procs.running_with("chaos-consumer-pause-") if procs.process_state(pid) == "T"),
+                          None)
+            time.sleep(0.2)
+        assert paused is not None, "the cell never paused its consumer"
+        topic = next(w for w in procs.running_with("chaos-consumer-pause-")[paused] if w.startswith("chaos-"))
+        run.send_signal(signal.SIGTERM)
+        out, err = run.communicate(timeout=120)
+    finally:
+        for pid in procs.running_with("chaos-consumer-pause-"):  # what a broken stop would leave behind
+            os.kill(pid, signal.SIGKILL)
+    assert run.returncode == 0, err
+    report = json.loads(out)
+    assert (report["stopped_by"], report["complete"], report["cells"]) == ("SIGTERM", False, []), report
+    assert not procs.running_with(topic), "a process of the stopped cell is still running"
+    assert _left_behind(stack, topic) == {}
+
+
+def test_chaos_clean_deletes_what_a_killed_run_left_and_nothing_else(kdg, stack, topic, group):
+    """A cell's topic and rows as a killed run leaves them (records produced and partly consumed exactly-once,
+    under the cell's names); `--dry-run` lists them, `kdg chaos clean` deletes them, another topic stays."""
+    tag = uuid.uuid4().hex[:8]
+    cell_topic, cell_group = f"chaos-consumer-kill-{tag}", f"chaos-exactly-once-{tag}"
+    for name in (cell_topic, topic):
+        kdg("produce", name, "-g", "exactly-once", "--count", 200, "--partitions", 3, "--json")
+        kdg("consume", name, "-G", cell_group if name == cell_topic else group, "-g", "exactly-once", "-c", 100,
+            "--json")
+    before = _left_behind(stack, cell_topic)
+    assert set(before) >= {cell_topic, "kdg_events", "kdg_dedup", "kdg_offsets", "kdg_producer_runs"}, before
+
+    listed = json.loads(kdg("chaos", "clean", "--dry-run", "--json").stdout)
+    mine = [c for c in listed["cells"] if c["tag"] == tag]
+    assert [(c["topic"], c["deleted"], c["in_use"]) for c in mine] == [(cell_topic, False, "")], listed
+    assert _left_behind(stack, cell_topic) == before  # a dry run deletes nothing
+
+    cleaned = json.loads(kdg("chaos", "clean", "--json").stdout)
+    assert [c["deleted"] for c in cleaned["cells"] if c["tag"] == tag] == [True], cleaned
+    assert _left_behind(stack, cell_topic) == {}
+    assert set(_left_behind(stack, topic)) >= {topic, "kdg_events"}  # not a chaos cell's: untouched
 
 
 # make test budget: postgres-restart's cell is long; in make test, Postgres is restarted under an exactly-once

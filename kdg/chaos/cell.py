@@ -9,6 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from kdg.lifecycle import StopRequested
 from kdg.settings import Connection
 from kdg.stack.layout import StackLayout
 
@@ -41,7 +42,9 @@ class CellResult:
 class Cell:
     """Runs kdg as real processes for one guarantee × fault × repetition, and records what happened."""
 
-    def __init__(self, layout: StackLayout, guarantee: str, fault: str, repetition: int, messages: int, sink: str):
+    def __init__(self, layout: StackLayout, guarantee: str, fault: str, repetition: int, messages: int, sink: str,
+                 stop=None):
+        self._stop = stop  # a kdg.lifecycle.Shutdown: once it is requested, no process starts
         self.layout, self.guarantee, self.fault, self.messages = layout, guarantee, fault, messages
         tag = uuid.uuid4().hex[:8]
         self.topic, self.group = f"chaos-{fault}-{tag}", f"chaos-{guarantee}-{tag}"
@@ -54,6 +57,8 @@ class Cell:
         self.checkpoint = layout.state_dir / "chaos-checkpoints" / tag  # the spark engine's stream; gone after the cell
         self._sampling = False
         self._procs: list[subprocess.Popen] = []
+        self._lock = threading.Lock()
+        self.interrupted = ""  # why the cell was stopped from outside (see interrupt)
 
     # -- timeline ----------------------------------------------------------------------------
     def now(self) -> float:
@@ -71,10 +76,29 @@ class Cell:
         return env | (extra or {})
 
     def spawn(self, *args, env: dict | None = None) -> subprocess.Popen:
-        proc = subprocess.Popen([sys.executable, "-m", "kdg", *map(str, args), "--json"], env=self._env(env),
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        self._procs.append(proc)
+        """Start ``kdg ARGS --json``; after :meth:`interrupt`, nothing starts: StopRequested instead."""
+        with self._lock:
+            if self.stopped():
+                raise StopRequested(self.stopped())
+            proc = subprocess.Popen([sys.executable, "-m", "kdg", *map(str, args), "--json"], env=self._env(env),
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            self._procs.append(proc)
         return proc
+
+    def stopped(self) -> str:
+        """Why the cell was stopped from outside ("" if it was not)."""
+        if not self.interrupted and self._stop is not None and self._stop.requested:
+            return self._stop.signal or "stop requested"
+        return self.interrupted
+
+    def interrupt(self, reason: str) -> None:
+        """Stop the cell from another thread (a stop signal): its processes are killed, by pid, and none starts
+        again. The cell's own thread goes on to its next step, where it meets StopRequested."""
+        with self._lock:
+            self.interrupted = reason
+            for proc in self._procs:
+                if proc.poll() is None:
+                    proc.kill()
 
     def produce(self, *extra, guarantee: str | None = None, wait: bool = True):
         proc = self.spawn("produce", self.topic, "-g", guarantee or self.guarantee, "--count", self.messages,
@@ -156,26 +180,30 @@ class Cell:
         A long matrix otherwise keeps every cell's records three times over on the brokers and once more in
         Postgres (tens of GB over a 100k × 3 run), and a disk that fills makes the next run fail for nothing.
         """
-        from kdg.kafka.admin import delete_topics
-        from kdg.sinks.dead_letters import dlq_topic
-        from kdg.store.pg import Store
+        outputs = [self.sink[6:]] if self.sink.startswith("kafka:") else []
+        forget(self.layout.bootstrap_servers, self.layout.pg_dsn, self.conn.extra, self.topic, [self.group], outputs)
 
-        topics = [self.topic, dlq_topic(self.topic)]
-        if self.sink.startswith("kafka:"):
-            topics += [self.sink[6:], dlq_topic(self.sink[6:])]
-        delete_topics(self.layout.bootstrap_servers, topics, self.conn.extra)
-        store = Store(self.layout.pg_dsn)
-        try:
-            sink = store.resolve_table("kdg_events").text  # the identity claims are kept under
-            for sql, *args in (("DELETE FROM kdg_events WHERE topic = $1", self.topic),
-                               ("DELETE FROM kdg_dedup WHERE sink_table = $1 AND topic = $2", sink, self.topic),
-                               ("DELETE FROM kdg_offsets WHERE consumer_group = $1", self.group),
-                               ("DELETE FROM kdg_replays WHERE consumer_group = $1", self.group),
-                               ("DELETE FROM kdg_ledger WHERE topic = $1", self.topic),
-                               ("DELETE FROM kdg_producer_runs WHERE topic = $1", self.topic)):
-                store.execute(sql, *args)
-        finally:
-            store.close()
+
+def forget(bootstrap: str, dsn: str, extra: dict, topic: str, groups: list[str], outputs: list[str] = ()) -> None:
+    """Delete a cell's topics (``topic``, a Kafka sink's ``outputs``, the dead-letter topic of each) and its rows:
+    kdg_events and the claims filed under its identity, the ``groups``' offsets and replays, the ledger."""
+    from kdg.kafka.admin import delete_topics
+    from kdg.sinks.dead_letters import dlq_topic
+    from kdg.store.pg import Store
+
+    delete_topics(bootstrap, [t for name in (topic, *outputs) for t in (name, dlq_topic(name))], extra)
+    store = Store(dsn)
+    try:
+        sink = store.resolve_table("kdg_events").text  # the identity claims are kept under
+        for sql, *args in (("DELETE FROM kdg_events WHERE topic = $1", topic),
+                           ("DELETE FROM kdg_dedup WHERE sink_table = $1 AND topic = $2", sink, topic),
+                           ("DELETE FROM kdg_offsets WHERE consumer_group = ANY($1::text[])", groups),
+                           ("DELETE FROM kdg_replays WHERE consumer_group = ANY($1::text[])", groups),
+                           ("DELETE FROM kdg_ledger WHERE topic = $1", topic),
+                           ("DELETE FROM kdg_producer_runs WHERE topic = $1", topic)):
+            store.execute(sql, *args)
+    finally:
+        store.close()
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, dict, str]:

@@ -1,5 +1,6 @@
 """`kdg chaos run`: every guarantee × fault, audited, judged by the outcome rules."""
 
+import threading
 import time
 from dataclasses import asdict
 from datetime import datetime, timezone
@@ -10,6 +11,7 @@ from kdg.chaos.cell import Cell, CellResult
 from kdg.chaos.injectors import INJECTORS, SPARK_INJECTORS
 from kdg.errors import KdgError, UsageError
 from kdg.guarantees import CommitMode, Guarantee, policy_for
+from kdg.lifecycle import Shutdown, StopRequested
 from kdg.machine import machine
 from kdg.stack.layout import StackLayout
 
@@ -36,19 +38,33 @@ def verdict(result: CellResult) -> tuple[str, str]:
 
 
 def run_cell(layout: StackLayout, guarantee: str, fault: str, repetition: int, messages: int,
-             sink: str, keep: bool = False) -> CellResult:
-    """One cell, audited. Its topics and rows are deleted afterwards, unless ``keep`` or the cell failed."""
-    cell = Cell(layout, guarantee, fault, repetition, messages, sink)
+             sink: str, keep: bool = False, shutdown: Shutdown | None = None,
+             started: Callable[[Cell], None] = lambda cell: None) -> CellResult:
+    """One cell, audited. Its topics and rows are deleted afterwards, unless ``keep`` or the cell failed.
+
+    A stop (``shutdown``, or :meth:`Cell.interrupt` on the cell ``started`` is given) ends the cell before its
+    audit: its processes are killed, the stack is whole again, its data deleted unless ``keep``, and
+    StopRequested is raised."""
+    cell = Cell(layout, guarantee, fault, repetition, messages, sink, stop=shutdown)
+    started(cell)
     cell.start_sampling()
     try:
-        {**INJECTORS, **SPARK_INJECTORS}[fault](cell)
-        report = cell.drain()
-        if "rows_in" in report:  # a stream's report: rows over its streaming time
-            report["msgs_per_s"] = round(report["rows_in"] / report["duration_s"], 1) if report["duration_s"] else 0.0
-        cell.result.consume_msgs_per_s = report.get("msgs_per_s", 0.0)
-    finally:
-        cell.stop_sampling()
-        cell.stop_all()
+        try:
+            {**INJECTORS, **SPARK_INJECTORS}[fault](cell)
+            report = cell.drain()
+            if "rows_in" in report:  # a stream's report: rows over its streaming time
+                report["msgs_per_s"] = round(report["rows_in"] / report["duration_s"], 1) if report["duration_s"] else 0.0
+            cell.result.consume_msgs_per_s = report.get("msgs_per_s", 0.0)
+        finally:
+            cell.stop_sampling()
+            cell.stop_all()
+            _restore_stack(cell)
+    except BaseException as exc:  # a killed process may fail the step it was in: the stop is the cause
+        if not cell.stopped():
+            raise
+        if not keep:
+            _forget(cell)
+        raise StopRequested(cell.stopped()) from exc
     audit = run_audit(cell.topic, cell.conn, sink=cell.sink)
     for name in ("acked", "failed", "processed_unique", "rows", "lost", "duplicates", "unexpected"):
         setattr(cell.result, name, getattr(audit, name))
@@ -56,12 +72,25 @@ def run_cell(layout: StackLayout, guarantee: str, fault: str, repetition: int, m
     cell.result.verdict, cell.result.note = verdict(cell.result)
     cell.result.kept = keep or cell.result.verdict != "PASS"  # a failed cell's records are there to be read
     if not cell.result.kept:
-        try:
-            cell.forget()
-        except KdgError as exc:  # the verdict stands; the data is only left behind, and said so
-            cell.result.kept = True
-            cell.event(f"could not delete the cell's topics and rows: {exc}")
+        _forget(cell)
     return cell.result
+
+
+def _forget(cell: Cell) -> None:
+    try:
+        cell.forget()
+    except KdgError as exc:  # the verdict stands; the data is only left behind, and said so (`kdg chaos clean`)
+        cell.result.kept = True
+        cell.event(f"could not delete the cell's topics and rows: {exc}")
+
+
+def _restore_stack(cell: Cell) -> None:
+    """Start again what a fault stopped and the cell did not restart (it was stopped, or failed, half-way)."""
+    from kdg.stack import cluster
+
+    if not cluster.status(cell.layout, with_quorum=False).healthy:
+        cell.event("the cell ended with the stack partly down: starting what is missing")
+        cluster.up(cell.layout, echo=lambda *args, **kwargs: None)
 
 
 ENGINES = {"consume": list(INJECTORS), "spark": list(SPARK_INJECTORS), "both": [*INJECTORS, *SPARK_INJECTORS]}
@@ -85,12 +114,15 @@ def parse_guarantees(spec: str) -> list[str]:
 
 
 def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], messages: int, repeat: int,
-              sink: str, on_cell: Callable[[dict], None] | None = None, keep: bool = False) -> dict:
+              sink: str, on_cell: Callable[[dict], None] | None = None, keep: bool = False,
+              shutdown: Shutdown | None = None) -> dict:
     """Run the matrix; returns the results document that reports are written from.
 
     Repetitions are the outer loop, so a long run stopped part-way has whole matrices, not ten
     repetitions of the first faults and none of the last. `on_cell` sees the document after each
     cell (``complete`` stays False until the last one), so a caller can keep it on disk as it grows.
+    A stop requested through ``shutdown`` ends the cell in progress unaudited (see :func:`run_cell`) and
+    returns the cells done, with ``stopped_by``.
     """
     if sink not in ("postgres", "kafka"):
         raise UsageError("--sink must be postgres or kafka")
@@ -103,15 +135,38 @@ def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], 
     started = time.monotonic()
     if sink != "postgres" and any(f in SPARK_INJECTORS for f in faults):
         raise UsageError("the spark-* faults stream into Postgres: use --sink postgres")
-    for rep in range(1, repeat + 1):
-        for fault in faults:
-            for guarantee in guarantees:
-                if fault in SPARK_INJECTORS and policy_for(guarantee).commit_mode is CommitMode.BEFORE_PROCESSING:
-                    continue  # spark-stream refuses at-most-once: there is no such pipeline to break
-                result = run_cell(layout, guarantee, fault, rep, messages, sink, keep)
-                results["cells"].append(asdict(result))
-                results["duration_s"] = round(time.monotonic() - started, 1)
-                if on_cell:
-                    on_cell(results)
+    cells: list[Cell] = []
+    if shutdown is not None:
+        _kill_on_stop(shutdown, cells)
+    try:
+        for rep in range(1, repeat + 1):
+            for fault in faults:
+                for guarantee in guarantees:
+                    if fault in SPARK_INJECTORS and policy_for(guarantee).commit_mode is CommitMode.BEFORE_PROCESSING:
+                        continue  # spark-stream refuses at-most-once: there is no such pipeline to break
+                    if shutdown is not None and shutdown.requested:
+                        raise StopRequested(shutdown.signal or "stop requested")
+                    result = run_cell(layout, guarantee, fault, rep, messages, sink, keep, shutdown, cells.append)
+                    cells.clear()
+                    results["cells"].append(asdict(result))
+                    results["duration_s"] = round(time.monotonic() - started, 1)
+                    if on_cell:
+                        on_cell(results)
+    except StopRequested as stop:
+        results["stopped_by"] = str(stop) or "stop requested"
+        results["duration_s"] = round(time.monotonic() - started, 1)
+        return results
     results["complete"] = True
     return results
+
+
+def _kill_on_stop(shutdown: Shutdown, cells: list[Cell]) -> None:
+    """A thread that, once a stop is requested, kills the processes of the cell in progress: a cell's steps wait
+    on its processes (a paused consumer would wait for ever), and it starts none after the stop."""
+    def watch() -> None:
+        while not shutdown.sleep(3600):
+            pass
+        for cell in list(cells):
+            cell.interrupt(shutdown.signal or "stop requested")
+
+    threading.Thread(target=watch, name="kdg-chaos-stop", daemon=True).start()

@@ -8,6 +8,11 @@ import typer
 from kdg.cli.options import Json, StateDir
 from kdg.cli.render import console, err_console, print_json
 from kdg.errors import CheckFailed
+from kdg.lifecycle import Shutdown
+
+# A stop signal ends the cell in progress at its next step: the longest wait between two is a fault's own
+# (a paused member held for 15 s; two brokers restarted), then the stack is made whole and the cell deleted.
+CHAOS_STOP_S = 120.0
 
 app = typer.Typer(help="Inject real faults and show each guarantee hold or break.", no_args_is_help=True)
 
@@ -58,8 +63,14 @@ def run(
             err_console.print(f"[{style}]{cell['verdict']}[/{style}] {cell['guarantee']} × {cell['fault']} "
                               f"#{cell['repetition']}: {cell['note']}")
 
-    results = run_chaos(layout, guarantees=parse_guarantees(guarantee), faults=parse_faults(faults, engine),
-                        messages=messages, repeat=repeat, sink=sink, on_cell=show, keep=keep)
+    guarantees, fault_list = parse_guarantees(guarantee), parse_faults(faults, engine)
+    with Shutdown(timeout=CHAOS_STOP_S).on_signals() as shutdown:
+        results = run_chaos(layout, guarantees=guarantees, faults=fault_list, messages=messages, repeat=repeat,
+                            sink=sink, on_cell=show, keep=keep, shutdown=shutdown)
+    if results.get("stopped_by"):
+        left = "kept (--keep)" if keep else "deleted"
+        err_console.print(f"stopped by {results['stopped_by']} after {len(results['cells'])} cell(s): the cell in "
+                          f"progress was not audited, its processes were killed and its topics and rows {left}")
     _publish(results, report, as_json)
 
 
@@ -79,6 +90,37 @@ def _publish(results: dict, report: Optional[Path], as_json: bool, *, raw: bool 
     failed = [c for c in results["cells"] if c["verdict"] != "PASS"]
     if failed:
         raise CheckFailed(f"{len(failed)} cell(s) broke their guarantee")
+
+
+@app.command()
+def clean(
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="List the cells left behind; delete nothing.")] = False,
+    state_dir: StateDir = None,
+    as_json: Json = False,
+) -> None:
+    """Delete the topics and Postgres rows that chaos cells left behind: kept (--keep) and failed cells, and the
+    cell a killed run was in. A cell whose group still has members is left alone; run it with no chaos run going."""
+    from dataclasses import asdict
+
+    from kdg.chaos.clean import clean as clean_cells
+
+    layout = _layout(state_dir)
+    found = clean_cells(layout, layout.admin_properties(), dry_run=dry_run)
+    if as_json:
+        print_json({"dry_run": dry_run, "cells": [asdict(c) for c in found]})
+        return
+    if not found:
+        console.print("no chaos cells left behind")
+        return
+    from rich.table import Table
+
+    shown = Table(title="chaos cells left behind", title_justify="left")
+    for col in ("input topic", "topics in Kafka", "done"):
+        shown.add_column(col)
+    for c in found:
+        done = c.in_use or ("deleted" if c.deleted else "would delete")
+        shown.add_row(c.topic, str(len(c.topics)), done, style="warn" if c.in_use else None)
+    console.print(shown)
 
 
 @app.command("report")

@@ -47,13 +47,18 @@ def wait_brokers_registered(bootstrap: str, node_ids: set[int], timeout: float =
                            f"within {timeout:.0f}s (registered: {sorted(seen)})")
 
 
-def broker_ids(bootstrap: str, extra: dict | None = None, timeout: float = 10) -> list[int]:
-    """The registered brokers' ids; a refused login or certificate is named as such."""
+def _cluster(bootstrap: str, extra: dict | None, timeout: float):
+    """The cluster's metadata (brokers, topics); a refused login or certificate is named as such."""
     admin = admin_client(bootstrap, extra)
     try:
-        return sorted(_metadata(admin, timeout=timeout).brokers)
+        return _metadata(admin, timeout=timeout)
     except KafkaException as exc:
         raise _unreachable(admin, bootstrap, exc) from None
+
+
+def broker_ids(bootstrap: str, extra: dict | None = None, timeout: float = 10) -> list[int]:
+    """The registered brokers' ids."""
+    return sorted(_cluster(bootstrap, extra, timeout).brokers)
 
 
 def topic_partitions(bootstrap: str, topic: str, extra: dict | None = None, timeout: float = 10) -> list[int]:
@@ -111,6 +116,24 @@ def delete_topics(bootstrap: str, topics: list[str], extra: dict | None = None, 
                 check(exc.args[0], f"deleting topic {topic!r}")
                 raise DeliveryError(f"could not delete topic {topic!r}: {exc.args[0].str()}") from exc
     return doomed
+
+
+def topic_names(bootstrap: str, extra: dict | None = None, timeout: float = 10) -> list[str]:
+    """Every topic's name, sorted."""
+    return sorted(_cluster(bootstrap, extra, timeout).topics)
+
+
+def active_groups(bootstrap: str, extra: dict | None = None, timeout: float = 10) -> set[str]:
+    """The consumer groups that have members now (stable or rebalancing)."""
+    from confluent_kafka import ConsumerGroupState
+
+    admin = admin_client(bootstrap, extra)
+    try:
+        listed = admin.list_consumer_groups(request_timeout=timeout).result(timeout + 5)
+    except KafkaException as exc:
+        raise _unreachable(admin, bootstrap, exc, "listing consumer groups") from None
+    idle = {ConsumerGroupState.EMPTY, ConsumerGroupState.DEAD}
+    return {g.group_id for g in listed.valid if g.state not in idle}
 
 
 def _wait_topic_visible(admin: AdminClient, topic: str, partitions: int, timeout: float = 30) -> None:

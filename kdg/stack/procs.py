@@ -70,6 +70,19 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def running_with(prefix: str) -> dict[int, list[str]]:
+    """The live processes one of whose arguments starts with ``prefix`` (from /proc): pid → arguments."""
+    found = {}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            args = cmdline.read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if any(arg.startswith(prefix) for arg in args):
+            found[int(cmdline.parent.name)] = [a for a in args if a]
+    return found
+
+
 def stop_pid(pid: int, *, timeout: float = 30.0, hard: bool = False, sig: int = signal.SIGTERM) -> None:
     """Send ``sig`` (SIGKILL when ``hard``) to the process group of ``pid``; wait for it to go.
 
