@@ -17,13 +17,13 @@ CHAOS_STOP_S = 120.0
 app = typer.Typer(help="Inject real faults and show each guarantee hold or break.", no_args_is_help=True)
 
 
-def _layout(state_dir):
+def _layout(state_dir, why: str = "chaos kills its processes"):
     from kdg.paths import default_state_dir
     from kdg.stack.cluster import resolve_layout, status
 
     layout = resolve_layout(state_dir or default_state_dir())
     if not status(layout, with_quorum=False).healthy:
-        raise CheckFailed("the local stack is not fully up: run `kdg stack up` first (chaos kills its processes)")
+        raise CheckFailed(f"the local stack is not fully up: run `kdg stack up` first ({why})")
     return layout
 
 
@@ -104,7 +104,7 @@ def clean(
 
     from kdg.chaos.clean import clean as clean_cells
 
-    layout = _layout(state_dir)
+    layout = _layout(state_dir, "the cells' topics and rows are deleted there")
     found = clean_cells(layout, layout.admin_properties(), dry_run=dry_run)
     if as_json:
         print_json({"dry_run": dry_run, "cells": [asdict(c) for c in found]})
