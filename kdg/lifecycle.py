@@ -28,6 +28,26 @@ DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0  # what Kubernetes (terminationGracePeriodSeco
 DEFAULT_WAIT_TIMEOUT_S = 60.0
 
 
+DIE_WITH_PARENT = "KDG_DIE_WITH_PARENT"  # set to a parent's pid: the kdg it starts dies with that parent
+
+
+def die_with_parent() -> None:
+    """Started with ``KDG_DIE_WITH_PARENT`` set to its parent's pid (a chaos cell's processes are): have Linux
+    SIGKILL this process when that parent dies, however it dies (``PR_SET_PDEATHSIG``). A ``kdg chaos run``
+    killed with SIGKILL otherwise leaves its consumers running, and one its pause fault stopped stays stopped
+    for ever. The variable is taken out of the environment: this process's own children do not inherit it."""
+    parent = os.environ.pop(DIE_WITH_PARENT, "")
+    if not parent.isdigit() or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+
+    pr_set_pdeathsig = 1
+    if ctypes.CDLL(None).prctl(pr_set_pdeathsig, signal.SIGKILL, 0, 0, 0) != 0:
+        return
+    if os.getppid() != int(parent):  # it died before the request was made: nothing would kill this process
+        os._exit(128 + signal.SIGKILL)
+
+
 class StopRequested(Exception):
     """A stop was requested while a command was still starting (waiting for Kafka or Postgres)."""
 

@@ -11,7 +11,6 @@ import json
 import os
 import signal
 import time
-import uuid
 
 import pytest
 
@@ -73,24 +72,33 @@ def _left_behind(stack, topic: str) -> dict:
     return left
 
 
+def _paused_cell(run) -> str:
+    """The input topic of the consumer-pause cell ``run`` is in, once its member is SIGSTOPped."""
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline and run.poll() is None:
+        for pid, args in procs.running_with("chaos-consumer-pause-").items():
+            if procs.process_state(pid) == "T":
+                return next(a for a in args if a.startswith("chaos-"))
+        time.sleep(0.2)
+    raise AssertionError("the cell never paused its consumer")
+
+
+def _kill_left(prefix: str) -> None:
+    for pid in procs.running_with(prefix):  # what a broken stop would leave behind
+        os.kill(pid, signal.SIGKILL)
+
+
 def test_a_stopped_chaos_run_kills_its_cells_processes_deletes_the_cell_and_exits_0(kdg_spawn, stack):
     """SIGTERM while a consumer-pause cell holds a member SIGSTOPped: the run kills its processes by pid (the
     paused one too), deletes the unaudited cell's topic and rows, and exits 0 with what it had done. Before,
     Python's default SIGTERM ended the run at once (exit 143) and left the paused member stopped for ever."""
     run = kdg_spawn("chaos", "run", "-g", "at-least-once", "--faults", "consumer-pause", "--messages", 2000, "--json")
     try:
-        deadline, paused = time.monotonic() + 90, None
-        while paused is None and time.monotonic() < deadline and run.poll() is None:
-            paused = next((pid for pid in procs.running_with("chaos-consumer-pause-") if procs.process_state(pid) == "T"),
-                          None)
-            time.sleep(0.2)
-        assert paused is not None, "the cell never paused its consumer"
-        topic = next(w for w in procs.running_with("chaos-consumer-pause-")[paused] if w.startswith("chaos-"))
+        topic = _paused_cell(run)
         run.send_signal(signal.SIGTERM)
         out, err = run.communicate(timeout=120)
     finally:
-        for pid in procs.running_with("chaos-consumer-pause-"):  # what a broken stop would leave behind
-            os.kill(pid, signal.SIGKILL)
+        _kill_left("chaos-consumer-pause-")
     assert run.returncode == 0, err
     report = json.loads(out)
     assert (report["stopped_by"], report["complete"], report["cells"]) == ("SIGTERM", False, []), report
@@ -98,27 +106,38 @@ def test_a_stopped_chaos_run_kills_its_cells_processes_deletes_the_cell_and_exit
     assert _left_behind(stack, topic) == {}
 
 
-def test_chaos_clean_deletes_what_a_killed_run_left_and_nothing_else(kdg, stack, topic, group):
-    """A cell's topic and rows as a killed run leaves them (records produced and partly consumed exactly-once,
-    under the cell's names); `--dry-run` lists them, `kdg chaos clean` deletes them, another topic stays."""
-    tag = uuid.uuid4().hex[:8]
-    cell_topic, cell_group = f"chaos-consumer-kill-{tag}", f"chaos-exactly-once-{tag}"
-    for name in (cell_topic, topic):
-        kdg("produce", name, "-g", "exactly-once", "--count", 200, "--partitions", 3, "--json")
-        kdg("consume", name, "-G", cell_group if name == cell_topic else group, "-g", "exactly-once", "-c", 100,
-            "--json")
-    before = _left_behind(stack, cell_topic)
-    assert set(before) >= {cell_topic, "kdg_events", "kdg_dedup", "kdg_offsets", "kdg_producer_runs"}, before
+def test_a_killed_chaos_runs_processes_die_with_it_and_chaos_clean_deletes_its_cell(kdg, kdg_spawn, stack, topic):
+    """SIGKILL, which no handler sees, while a consumer-pause cell holds a member SIGSTOPped: the cell's processes
+    die with the run (PR_SET_PDEATHSIG; before, the paused member stayed stopped for ever). Then `kdg chaos clean`
+    finds the cell by its names: --dry-run deletes nothing, clean deletes its topic and rows once the killed
+    members' sessions have expired, and a topic that is not a chaos cell's stays."""
+    kdg("produce", topic, "--count", 100, "--json")  # a bystander
+    run = kdg_spawn("chaos", "run", "-g", "at-least-once", "--faults", "consumer-pause", "--messages", 2000, "--json")
+    try:
+        cell = _paused_cell(run)
+        run.kill()
+        run.communicate(timeout=30)
+        deadline = time.monotonic() + 10
+        while procs.running_with(cell) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not procs.running_with(cell), "the killed run's processes outlived it"
+    finally:
+        _kill_left("chaos-consumer-pause-")
+    before = _left_behind(stack, cell)
+    assert {cell, "kdg_producer_runs"} <= set(before), before
 
-    listed = json.loads(kdg("chaos", "clean", "--dry-run", "--json").stdout)
-    mine = [c for c in listed["cells"] if c["tag"] == tag]
-    assert [(c["topic"], c["deleted"], c["in_use"]) for c in mine] == [(cell_topic, False, "")], listed
-    assert _left_behind(stack, cell_topic) == before  # a dry run deletes nothing
+    def cleaned(*flags) -> dict:
+        found = json.loads(kdg("chaos", "clean", "--json", *flags).stdout)["cells"]
+        return next(c for c in found if c["topic"] == cell)
 
-    cleaned = json.loads(kdg("chaos", "clean", "--json").stdout)
-    assert [c["deleted"] for c in cleaned["cells"] if c["tag"] == tag] == [True], cleaned
-    assert _left_behind(stack, cell_topic) == {}
-    assert set(_left_behind(stack, topic)) >= {topic, "kdg_events"}  # not a chaos cell's: untouched
+    assert not cleaned("--dry-run")["deleted"] and _left_behind(stack, cell) == before  # a dry run deletes nothing
+    deadline = time.monotonic() + 40  # session.timeout.ms is 10 s: until then the group has its dead members
+    while not (done := cleaned())["deleted"] and time.monotonic() < deadline:
+        assert "has members" in done["in_use"], done
+        time.sleep(2)
+    assert done["deleted"], done
+    assert _left_behind(stack, cell) == {}
+    assert topic in _left_behind(stack, topic)  # not a chaos cell's: untouched
 
 
 # make test budget: postgres-restart's cell is long; in make test, Postgres is restarted under an exactly-once

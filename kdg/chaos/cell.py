@@ -9,7 +9,7 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
-from kdg.lifecycle import StopRequested
+from kdg.lifecycle import DIE_WITH_PARENT, StopRequested
 from kdg.settings import Connection
 from kdg.stack.layout import StackLayout
 
@@ -70,7 +70,8 @@ class Cell:
     # -- processes ---------------------------------------------------------------------------
     def _env(self, extra: dict | None) -> dict:
         env = {k: v for k, v in os.environ.items() if k != "KDG_FAULT"}
-        env.update({"KDG_BOOTSTRAP_SERVERS": self.layout.bootstrap_servers, "KDG_PG_DSN": self.layout.pg_dsn})
+        env.update({"KDG_BOOTSTRAP_SERVERS": self.layout.bootstrap_servers, "KDG_PG_DSN": self.layout.pg_dsn,
+                    DIE_WITH_PARENT: str(os.getpid())})  # a run killed with SIGKILL takes its cell's processes along
         if self.layout.secure:
             env["KDG_KAFKA_CONFIG"] = str(self.layout.client_profile)
         return env | (extra or {})

@@ -23,6 +23,10 @@ _AS_PROGRAM = os.path.basename(sys.argv[0] if sys.argv else "") in ("kdg", "__ma
 if _AS_PROGRAM and threading.current_thread() is threading.main_thread():
     signal.signal(signal.SIGINT, _stop_at_once)
     signal.signal(signal.SIGTERM, _stop_at_once)
+if _AS_PROGRAM:
+    from kdg.lifecycle import die_with_parent
+
+    die_with_parent()
 
 import typer  # noqa: E402  (after the handlers: importing it is most of the start-up)
 
