@@ -35,7 +35,11 @@ def die_with_parent() -> None:
     """Started with ``KDG_DIE_WITH_PARENT`` set to its parent's pid (a chaos cell's processes are): have Linux
     SIGKILL this process when that parent dies, however it dies (``PR_SET_PDEATHSIG``). A ``kdg chaos run``
     killed with SIGKILL otherwise leaves its consumers running, and one its pause fault stopped stays stopped
-    for ever. The variable is taken out of the environment: this process's own children do not inherit it."""
+    for ever. The variable is taken out of the environment: this process's own children do not inherit it.
+
+    Linux sends the signal when the *thread* that started the process ends, not only the process: a parent
+    must start such children from a thread that outlives them (a chaos cell starts its processes from the
+    thread that runs the cell, and waits for all of them before it returns)."""
     parent = os.environ.pop(DIE_WITH_PARENT, "")
     if not parent.isdigit() or not sys.platform.startswith("linux"):
         return
