@@ -54,11 +54,10 @@ class Cell:
         self.conn = Connection(layout.bootstrap_servers, layout.pg_dsn, layout.admin_properties())
         self.started = time.monotonic()
         self.batch = max(50, messages // 20)
-        self.checkpoint = layout.state_dir / "chaos-checkpoints" / tag  # the spark engine's stream; gone after the cell
+        self.checkpoint = checkpoint_dir(layout, tag)  # the spark engine's stream; gone after the cell
         self._sampling = False
         self._procs: list[subprocess.Popen] = []
-        self._lock = threading.Lock()
-        self.interrupted = ""  # why the cell was stopped from outside (see interrupt)
+        self._lock = threading.Lock()  # a process starts, or they are all killed: one at a time
 
     # -- timeline ----------------------------------------------------------------------------
     def now(self) -> float:
@@ -77,7 +76,7 @@ class Cell:
         return env | (extra or {})
 
     def spawn(self, *args, env: dict | None = None) -> subprocess.Popen:
-        """Start ``kdg ARGS --json``; after :meth:`interrupt`, nothing starts: StopRequested instead."""
+        """Start ``kdg ARGS --json``; once a stop is requested, nothing starts: StopRequested instead."""
         with self._lock:
             if self.stopped():
                 raise StopRequested(self.stopped())
@@ -87,19 +86,23 @@ class Cell:
         return proc
 
     def stopped(self) -> str:
-        """Why the cell was stopped from outside ("" if it was not)."""
-        if not self.interrupted and self._stop is not None and self._stop.requested:
+        """Why the cell was stopped from outside: the stop signal's name ("" while no stop is requested)."""
+        if self._stop is not None and self._stop.requested:
             return self._stop.signal or "stop requested"
-        return self.interrupted
+        return ""
 
-    def interrupt(self, reason: str) -> None:
-        """Stop the cell from another thread (a stop signal): its processes are killed, by pid, and none starts
-        again. The cell's own thread goes on to its next step, where it meets StopRequested."""
+    def kill_processes(self) -> None:
+        """Kill the cell's processes by pid, from any thread (a stop signal's). Once a stop is requested no process
+        starts again, so the cell's own thread goes on to its next step and meets StopRequested there."""
         with self._lock:
-            self.interrupted = reason
-            for proc in self._procs:
-                if proc.poll() is None:
-                    proc.kill()
+            self._kill(wait=False)
+
+    def _kill(self, wait: bool) -> None:
+        for proc in self._procs:
+            if proc.poll() is None:
+                proc.kill()
+                if wait:
+                    proc.wait()
 
     def produce(self, *extra, guarantee: str | None = None, wait: bool = True):
         proc = self.spawn("produce", self.topic, "-g", guarantee or self.guarantee, "--count", self.messages,
@@ -131,10 +134,7 @@ class Cell:
         return {}
 
     def stop_all(self) -> None:
-        for proc in self._procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+        self._kill(wait=True)
         shutil.rmtree(self.checkpoint, ignore_errors=True)
 
     # -- progress ----------------------------------------------------------------------------
@@ -183,6 +183,11 @@ class Cell:
         """
         outputs = [self.sink[6:]] if self.sink.startswith("kafka:") else []
         forget(self.layout.bootstrap_servers, self.layout.pg_dsn, self.conn.extra, self.topic, [self.group], outputs)
+
+
+def checkpoint_dir(layout: StackLayout, tag: str):
+    """Where the cell tagged ``tag`` keeps its spark-stream checkpoint (the spark engine's faults)."""
+    return layout.state_dir / "chaos-checkpoints" / tag
 
 
 def forget(bootstrap: str, dsn: str, extra: dict, topic: str, groups: list[str], outputs: list[str] = ()) -> None:

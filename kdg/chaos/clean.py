@@ -83,13 +83,13 @@ def find_leftovers(layout: StackLayout, extra: dict) -> list[Leftover]:
 
 def clean(layout: StackLayout, extra: dict, *, dry_run: bool = False) -> list[Leftover]:
     """Delete every cell left behind that no one is using (none with ``dry_run``); the cells found."""
-    from kdg.chaos.cell import forget
+    from kdg.chaos.cell import checkpoint_dir, forget
 
     leftovers = find_leftovers(layout, extra)
     for found in leftovers:
         if dry_run or found.in_use:
             continue
         forget(layout.bootstrap_servers, layout.pg_dsn, extra, found.topic, found.groups, found.outputs)
-        shutil.rmtree(layout.state_dir / "chaos-checkpoints" / found.tag, ignore_errors=True)
+        shutil.rmtree(checkpoint_dir(layout, found.tag), ignore_errors=True)
         found.deleted = True
     return leftovers

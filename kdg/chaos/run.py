@@ -42,9 +42,9 @@ def run_cell(layout: StackLayout, guarantee: str, fault: str, repetition: int, m
              started: Callable[[Cell], None] = lambda cell: None) -> CellResult:
     """One cell, audited. Its topics and rows are deleted afterwards, unless ``keep`` or the cell failed.
 
-    A stop (``shutdown``, or :meth:`Cell.interrupt` on the cell ``started`` is given) ends the cell before its
-    audit: its processes are killed, the stack is whole again, its data deleted unless ``keep``, and
-    StopRequested is raised."""
+    A stop requested through ``shutdown`` ends the cell before its audit: its processes are killed (at once by
+    the watcher that ``started`` hands the cell to, see :func:`_kill_on_stop`), the stack is made whole, its
+    data deleted unless ``keep``, and StopRequested is raised."""
     cell = Cell(layout, guarantee, fault, repetition, messages, sink, stop=shutdown)
     started(cell)
     cell.start_sampling()
@@ -167,6 +167,6 @@ def _kill_on_stop(shutdown: Shutdown, cells: list[Cell]) -> None:
         while not shutdown.sleep(3600):
             pass
         for cell in list(cells):
-            cell.interrupt(shutdown.signal or "stop requested")
+            cell.kill_processes()
 
     threading.Thread(target=watch, name="kdg-chaos-stop", daemon=True).start()
