@@ -88,6 +88,8 @@ def decide_dedup_window(store, conn: Connection, topic: str, table: TableName, a
     ``notice`` is told what was decided and when the topic outlives the window.
     """
     window = store.claim_window(table)
+    for note in window.healed:
+        notice(f"warning: {note}")
     lifetime = topic_lifetime(conn, topic)
     wanted = parse_retention(asked) if asked is not None else None
     if window.retention_from is not None:

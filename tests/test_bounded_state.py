@@ -98,6 +98,47 @@ def test_a_duplicate_is_dropped_inside_the_window_and_written_outside_it(kdg, co
     assert sorted(audit["examples"]["duplicated_beyond_dedup_window"]) == sorted(ids[5:]), audit["examples"]
 
 
+def test_claims_dropped_outside_kdg_are_forgotten_said_and_made_again(kdg, conn, topic):
+    """Someone drops, by hand, the partition holding today's claims of one table and the whole claim table of
+    another. Before, every exactly-once write of the first failed ("no partition of relation … found for row")
+    until someone repaired kdg_window_parts, and `kdg db maintain` failed on every window (42P01)."""
+    part_of, whole = f"bh_{uuid.uuid4().hex[:8]}", f"bh_{uuid.uuid4().hex[:8]}"
+
+    def consume(table):
+        run = kdg("consume", topic, "-G", f"g-{table}", "-g", "exactly-once", "--table", table, "-e",
+                  "--dedup-retention", "1d", "--json")
+        return as_json(run), run.stderr
+
+    kdg("produce", topic, "-g", "exactly-once", "--count", "20")
+    assert [consume(t)[0]["processed"] for t in (part_of, whole)] == [20, 20]
+    with Store(conn.pg_dsn) as store:
+        rel = {t: store.fetchval("SELECT relation FROM kdg_windows WHERE sink_table = $1", f"public.{t}")
+               for t in (part_of, whole)}
+        part = store.fetchval("SELECT part FROM kdg_window_parts WHERE relation = $1 AND lo_ms <= $2 AND $2 < hi_ms",
+                              rel[part_of], time.time_ns() // 1_000_000)
+        store.execute(f'DROP TABLE "{part}"')
+        store.execute(f'DROP TABLE "{rel[whole]}"')
+        done = {m.relation: m for m in store.maintain(relations=list(rel.values()))}  # as `kdg db maintain` does
+    assert len(done[rel[part_of]].healed) == 1 and part in done[rel[part_of]].healed[0], done
+    assert "was dropped outside kdg" in done[rel[whole]].healed[0] and done[rel[whole]].sink_table == f"public.{whole}"
+    assert kdg("db", "maintain", "--json").returncode == 0  # every other window maintained too
+
+    with Store(conn.pg_dsn) as store:  # made again, empty, by that pass: dropped again, for a writer to find
+        store.execute(f'DROP TABLE "{part}"')
+    kdg("produce", topic, "-g", "exactly-once", "--count", "20")
+    said = {}
+    for table in (part_of, whole):
+        report, said[table] = consume(table)
+        assert (report["consumed"], report["processed"], report["duplicates_suppressed"]) == (20, 20, 0), report
+    assert f"warning: partition {part} was dropped outside kdg" in said[part_of], said[part_of]
+    with Store(conn.pg_dsn) as store:
+        claims = {t: store.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = $1", f"public.{t}")
+                  for t in (part_of, whole)}
+        made = store.fetchval("SELECT relation FROM kdg_windows WHERE sink_table = $1", f"public.{whole}")
+    assert claims == {part_of: 20, whole: 20}, claims  # the new records claimed; the dropped claims stay gone
+    assert made != rel[whole], made  # a new claim table, not the name of the dropped one
+
+
 def test_a_table_consumed_halfway_before_partitioned_claims_is_finished_after(kdg, conn, stack, topic, tmp_path):
     """kdg as it was before migrations 003 and 004 consumes half of a topic into ``idt``; today's kdg
     migrates the database and finishes it. The old claims (spelling-keyed, one plain table; 10 of them

@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from kdg.cli.options import Json, PgDsn
-from kdg.cli.render import console, flag, print_json
+from kdg.cli.render import console, err_console, flag, print_json
 from kdg.errors import CheckFailed, UsageError
 
 app = typer.Typer(help="Apply or inspect the kdg schema in a PostgreSQL database.", no_args_is_help=True)
@@ -75,11 +75,14 @@ def maintain(
         return
     for change in report.changed:
         console.print(change)
+    for note in (note for m in report.windows for note in m.healed):
+        err_console.print(f"warning: {note}", style="warn", markup=False, highlight=False)
     shown = Table(title=f"kdg state windows — {report.dsn}", title_justify="left")
     for col in ("claims of / ledger", "kept for", "partitions", "dropped now", "forgotten before (UTC)", "size"):
         shown.add_column(col)
     for m in report.windows:
-        shown.add_row(m.sink_table or "producer ledger", show(m.retention_ms), str(m.kept), str(m.dropped),
+        kept_for = show(m.retention_ms) if m.width_ms else "-"  # "-": a claim table dropped outside kdg, forgotten
+        shown.add_row(m.sink_table or "producer ledger", kept_for, str(m.kept), str(m.dropped),
                       _utc(m.horizon_ms), f"{m.bytes / 1e6:.1f} MB", style="warn" if m.skipped else None)
         if m.skipped:
             shown.add_row(f"  skipped: {m.skipped}", "", "", "", "", "")

@@ -46,13 +46,14 @@ class PostgresSink(Sink):
         self._maintain_at = time.monotonic() + self._maintain_every
 
     def maintain_if_due(self) -> list:
-        """Drop the window's expired partitions if it is time; the passes that were skipped (and why)."""
+        """Drop the window's expired partitions if it is time; the passes that were skipped (and why), or that
+        found state dropped outside kdg (:func:`kdg.store.windows.forget_dropped`)."""
         if self.window is None or time.monotonic() < self._maintain_at:
             return []
         self._maintain_at = time.monotonic() + self._maintain_every
         done = self.store.maintain(relations=[self.window.relation])
         self.partitions_dropped += sum(m.dropped for m in done)
-        return [m for m in done if m.skipped and "another process" not in m.skipped]
+        return [m for m in done if m.healed or (m.skipped and "another process" not in m.skipped)]
 
     def unclaimed(self) -> int:
         """Rows written without a claim (older than the window), on every connection of this sink."""

@@ -16,6 +16,10 @@ A batch's claims and maintenance never cross: a claiming transaction holds its w
 lock shared, then reads the horizon; maintenance holds it exclusively while it raises the horizon and
 drops partitions. (An advisory lock, not ``SELECT … FOR SHARE``: that would write the window's row,
 and make a MultiXact of it, on every batch.)
+
+A claim table or partition dropped outside kdg (by hand, to free space) is forgotten the next time its
+window is read or maintained (:func:`forget_dropped`), and made again, empty, when a key needs it. Its
+claims are gone, so a record claimed in it and read again is written again: kdg says so, once.
 """
 
 import operator
@@ -23,6 +27,7 @@ import re
 import time
 from dataclasses import asdict, dataclass, field
 
+from kdg.errors import PostgresRefused
 from kdg.settings import TableName
 
 DAY_MS = 86_400_000
@@ -84,6 +89,7 @@ class Window:
     parts: list[tuple[int, int]] = field(default_factory=list)   # [lo, hi) of each partition, as last read
     schema: str = "public"   # where kdg's state lives (kdg_windows' schema): every partition is made there
     version: object = None   # kdg_windows.updated_at as read: a change means the partitions changed shape
+    healed: list[str] = field(default_factory=list)  # what was found dropped outside kdg as it was read
 
     def to_dict(self) -> dict:
         return asdict(self) | {"parts": len(self.parts)}
@@ -115,6 +121,7 @@ class Maintained:
     bytes: int = 0
     narrowed: int = 0              # partitions of a wider width cut at the end of today's slot
     skipped: str | None = None     # why nothing was done (another maintainer, a lock not granted in time)
+    healed: list[str] = field(default_factory=list)  # found dropped outside kdg, and forgotten (forget_dropped)
 
 
 _WINDOW = """SELECT w.relation, w.sink_table, w.retention_ms, w.retention_from, w.width_ms, w.horizon_ms,
@@ -145,10 +152,52 @@ async def _windows(conn, relations: list[str] | None = None) -> list[Window]:
     return [_window(r) for r in rows]
 
 
+_HOME = "(SELECT n.nspname FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid " \
+        "WHERE c.oid = 'kdg_windows'::regclass)"
+_GONE = "to_regclass(quote_ident(" + _HOME + ") || '.' || quote_ident({name})) IS NULL"
+# Claim tables and partitions that kdg_windows and kdg_window_parts list but the catalog does not hold
+_FORGET_TABLES = f"""DELETE FROM kdg_windows w
+    WHERE w.sink_table IS NOT NULL AND ($1::text[] IS NULL OR w.relation = ANY($1))
+      AND {_GONE.format(name="w.relation")}
+    RETURNING w.relation, w.sink_table"""
+_FORGET_PARTS = f"""WITH gone AS (
+        DELETE FROM kdg_window_parts p
+        WHERE ($1::text[] IS NULL OR p.relation = ANY($1)) AND {_GONE.format(name="p.part")}
+        RETURNING p.relation, p.part),
+    touched AS (UPDATE kdg_windows w SET updated_at = now() FROM gone WHERE w.relation = gone.relation)
+    SELECT g.relation, w.sink_table, g.part FROM gone g JOIN kdg_windows w USING (relation) ORDER BY g.part"""
+
+
+async def forget_dropped(conn, relations: list[str] | None = None) -> dict[str, tuple[str | None, list[str]]]:
+    """Forget the claim tables and partitions of windows (all, or ``relations``) dropped outside kdg: per window,
+    ``(sink table, what was found gone, in words)``.
+
+    Left listed, a dropped partition made every write of a key in its range fail ("no partition of relation
+    found for row", for ever: kdg would not make a partition it lists), and a dropped claim table failed every
+    write and every maintenance pass of every window. Forgotten, a partition is made again, empty, when a key
+    needs it (a running writer re-reads its window: its version moved), and a claim table when its sink table
+    is next written. The claims they held are gone: a record claimed there and read again is written again."""
+    found: dict[str, tuple[str | None, list[str]]] = {}
+    for row in await conn.fetch(_FORGET_TABLES, relations):
+        found[row["relation"]] = (row["sink_table"], [
+            f"claim table {row['relation']} was dropped outside kdg: forgotten, and made again, empty, when "
+            f"{row['sink_table']} is next written; a record claimed in it and read again is written again"])
+    for row in await conn.fetch(_FORGET_PARTS, relations):
+        _, notes = found.setdefault(row["relation"], (row["sink_table"], []))
+        notes.append(f"partition {row['part']} was dropped outside kdg: forgotten, and made again, empty, when a "
+                     "key needs it; a record claimed in it and read again is written again")
+    return found
+
+
 async def claim_window(conn, table: TableName) -> Window:
-    """The claim window of sink table ``table`` (an identity), its claim table made if missing."""
+    """The claim window of sink table ``table`` (an identity), its claim table made if missing (or dropped
+    outside kdg: :attr:`Window.healed` then says what was forgotten)."""
+    known = await conn.fetchval("SELECT relation FROM kdg_windows WHERE sink_table = $1", table.text)
+    healed = await forget_dropped(conn, [known]) if known is not None else {}
     relation = await conn.fetchval("SELECT kdg_claim_table($1)", table.text)
-    return _window(await conn.fetchrow(_WINDOW, relation))
+    window = _window(await conn.fetchrow(_WINDOW, relation))
+    window.healed = [note for _, notes in healed.values() for note in notes]
+    return window
 
 
 async def ensure_parts(conn, window: Window, times: list[int]) -> None:
@@ -181,7 +230,13 @@ async def hold_horizon(conn, window: Window) -> None:
     # a statement of its own, so its snapshot is taken after the lock: it sees what maintenance committed
     version = await conn.fetchval("SELECT updated_at FROM kdg_windows WHERE relation = $1", window.relation)
     if version != window.version:
-        fresh = _window(await conn.fetchrow(_WINDOW, window.relation))
+        row = await conn.fetchrow(_WINDOW, window.relation)
+        if row is None:  # forget_dropped, in another process: the claim table was dropped outside kdg
+            raise PostgresRefused(
+                f"the claim table of {window.sink_table} ({window.relation}) was dropped outside kdg while this "
+                "writer ran: start it again to make a new, empty one (a record claimed in the old one and read "
+                "again is then written again)")
+        fresh = _window(row)
         window.horizon_ms, window.parts, window.width_ms, window.version = (
             fresh.horizon_ms, fresh.parts, fresh.width_ms, fresh.version)
 
@@ -217,9 +272,14 @@ class WindowsMixin:
         import asyncpg
 
         done = []
-        for window in await _windows(self.conn, relations):
+        healed = await forget_dropped(self.conn, relations)
+        windows = {w.relation: w for w in await _windows(self.conn, relations)}
+        for relation, (sink_table, notes) in healed.items():
+            if relation not in windows:  # the whole claim table went, and with it its window
+                done.append(Maintained(relation, sink_table, None, healed=notes))
+        for window in windows.values():
             report = Maintained(window.relation, window.sink_table, window.retention_ms, window.width_ms,
-                                horizon_ms=window.horizon_ms)
+                                horizon_ms=window.horizon_ms, healed=healed.get(window.relation, (None, []))[1])
             done.append(report)
             try:
                 async with self.conn.transaction():
