@@ -9,6 +9,7 @@ from kdg.sinks.dead_letters import DeadLetterQueue
 from kdg.sinks.pipeline import Pipeline
 from kdg.store.pg import Store
 from kdg.store.rows import SinkRows, sink_row
+from kdg.store.windows import Maintained
 
 
 class PostgresSink(Sink):
@@ -48,12 +49,21 @@ class PostgresSink(Sink):
     def maintain_if_due(self) -> list:
         """Drop the window's expired partitions if it is time; the passes that were skipped (and why), or that
         found state dropped outside kdg (:func:`kdg.store.windows.forget_dropped`)."""
+        healed = self._healed()
         if self.window is None or time.monotonic() < self._maintain_at:
-            return []
+            return healed
         self._maintain_at = time.monotonic() + self._maintain_every
         done = self.store.maintain(relations=[self.window.relation])
         self.partitions_dropped += sum(m.dropped for m in done)
-        return [m for m in done if m.healed or (m.skipped and "another process" not in m.skipped)]
+        return healed + [m for m in done if m.healed or (m.skipped and "another process" not in m.skipped)]
+
+    def _healed(self) -> list:
+        """What this sink's writes found dropped outside kdg since last asked (:meth:`Store._forget_dropped`)."""
+        notes = []
+        for store in [self.store] + (self.pipeline.stores if self.pipeline is not None else []):
+            while store.healed:
+                notes.append(store.healed.popleft())
+        return [Maintained("", self.table.text, None, healed=notes)] if notes else []
 
     def unclaimed(self) -> int:
         """Rows written without a claim (older than the window), on every connection of this sink."""

@@ -200,4 +200,5 @@ class ClaimsMixin:
         window = self._windows.get(table.text)
         if window is None:
             window = self._windows[table.text] = await claim_window(self.conn, table)
+            self.healed.extend(window.healed)  # a pipeline's other connection may be the one to find the gap
         return window

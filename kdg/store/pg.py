@@ -13,11 +13,12 @@ exactly-once claims in :mod:`kdg.store.claims`, sink tables and plain/typed writ
 
 import asyncio
 import time
+from collections import deque
 from typing import Callable
 
 import asyncpg
 
-from kdg.errors import ConnectionFailed, PostgresRefused
+from kdg.errors import ConnectionFailed, KdgError, PostgresRefused, RetryBatch
 from kdg.settings import TableName, redact_dsn
 from kdg.store.claims import ClaimsMixin
 from kdg.store.ledger import LedgerMixin
@@ -26,7 +27,7 @@ from kdg.store.offsets import OffsetsMixin
 from kdg.store.replays import ReplaysMixin
 from kdg.store.rows import staging_table
 from kdg.store.sinks import SinksMixin
-from kdg.store.windows import Window, WindowsMixin
+from kdg.store.windows import Window, WindowsMixin, forget_dropped
 
 _STAGE = staging_table()
 
@@ -48,6 +49,7 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
         self._windows: dict[str, Window] = {}  # claim windows by sink table identity (kdg.store.windows)
         self._ledger_due = 0.0  # when the ledger's partitions are next looked after (kdg.store.ledger)
         self.unclaimed = 0  # exactly-once rows written without a claim: their keys were older than the window
+        self.healed: deque[str] = deque()  # claim state found dropped outside kdg by a write, in words, until read
         try:
             self.conn: asyncpg.Connection = self._run(connect(dsn))
         except BaseException:
@@ -63,9 +65,39 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
     def _run(self, coro):
         try:
             return self._converted(coro)
-        except BaseException:
+        except PostgresRefused as exc:
+            windows = list(self._windows.values())
             self._windows.clear()  # a rolled-back transaction takes back the partitions it made: read them again
+            if isinstance(exc.__cause__, asyncpg.exceptions.CheckViolationError) and windows:
+                self._forget_dropped(windows, exc)
             raise
+        except BaseException:
+            self._windows.clear()
+            raise
+
+    def _forget_dropped(self, windows: list[Window], exc: PostgresRefused) -> None:
+        """After a write refused for want of a partition ("no partition of relation … found for row"): if one of
+        this store's claim partitions was dropped outside kdg, forget it (it is made again as the batch is
+        written again) and ask for the batch again, instead of failing every write of its range for ever.
+        Also when another writer of the table forgot it first (the window moved since this batch read it: a
+        pipelined batch meets the same gap at the same time). Any other refusal stands."""
+        async def forget() -> tuple[dict, bool]:
+            found = await forget_dropped(self.conn, [w.relation for w in windows])
+            moved = False
+            for w in windows if not found else ():
+                moved = moved or await self.conn.fetchval(
+                    "SELECT updated_at FROM kdg_windows WHERE relation = $1", w.relation) != w.version
+            return found, moved
+
+        try:
+            found, moved = self._converted(forget())
+        except KdgError:
+            return  # the refusal is what the caller hears
+        notes = [note for _, found_notes in found.values() for note in found_notes]
+        self.healed.extend(notes)
+        if notes or moved:
+            raise RetryBatch(f"{notes[0] if notes else 'the claim window moved'} (the batch is written again)") \
+                from exc
 
     def _converted(self, coro):
         """Run ``coro``, with asyncpg's errors as kdg's."""
