@@ -134,8 +134,10 @@ def test_claims_dropped_outside_kdg_are_forgotten_said_and_made_again(kdg, conn,
             store.execute(f'DROP TABLE "{gone}"')
             part = drop_todays_part(store)
         maintained = as_json(run("db", "maintain", "--json"))
-        assert [(w["sink_table"], "claim table" in w["healed"][0]) for w in maintained["windows"] if w["healed"]] \
-            == [(f"public.{whole}", True), (f"public.{part_of}", False)], maintained
+        healed = {w["sink_table"]: w["healed"] for w in maintained["windows"] if w["healed"]}
+        assert set(healed) == {f"public.{whole}", f"public.{part_of}"}, maintained
+        assert f"claim table {gone} was dropped" in healed[f"public.{whole}"][0], healed
+        assert [f"partition {part} was dropped" in note for note in healed[f"public.{part_of}"]] == [True], healed
 
         with Store(dsn) as store:  # made again, empty, by that pass: dropped again, for a writer to find
             part = drop_todays_part(store)
@@ -148,29 +150,44 @@ def test_claims_dropped_outside_kdg_are_forgotten_said_and_made_again(kdg, conn,
             assert {t: claims(store, t) for t in (part_of, whole)} == {part_of: 20, whole: 20}  # the new ones
             assert store.fetchval("SELECT relation FROM kdg_windows WHERE sink_table = $1", f"public.{whole}") != gone
 
-        # a writer that meets the gap while it runs: 10 records written, the partition dropped, 10 more (on one
-        # connection: a pipeline's other one could find the gap as it first reads the window, as above)
-        writer = subprocess.Popen([sys.executable, "-m", "kdg", "consume", topic, "-G", f"g-{part_of}", "--table",
-                                   part_of, *args, "-c", "20", "--idle-timeout", "60", "--pipeline", "0"],
-                                  env=_env(conn) | env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        try:
-            run("produce", topic, "-g", "exactly-once", "--count", "10")
+        def meet_while_writing(table, drop):
+            """A writer of ``table`` that meets ``drop(store)`` while it runs: 10 records written, then the drop,
+            then 10 more (on one connection: a pipeline's other one could meet the gap as it first reads the
+            window, as above); its exit code, report and stderr."""
             with Store(dsn) as store:
-                deadline = time.monotonic() + 60
-                while claims(store, part_of) < 30 and time.monotonic() < deadline:
-                    time.sleep(0.1)
-                part = drop_todays_part(store)
-            run("produce", topic, "-g", "exactly-once", "--count", "10")
-            out, said = writer.communicate(timeout=90)
-        finally:
-            writer.kill()
-        assert writer.returncode == 0, said
+                before = claims(store, table)
+            writer = subprocess.Popen([sys.executable, "-m", "kdg", "consume", topic, "-G", f"g-{table}", "--table",
+                                       table, *args, "-c", "20", "--idle-timeout", "60", "--pipeline", "0"],
+                                      env=_env(conn) | env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            try:
+                run("produce", topic, "-g", "exactly-once", "--count", "10")
+                with Store(dsn) as store:
+                    deadline = time.monotonic() + 60
+                    while claims(store, table) < before + 10 and time.monotonic() < deadline:
+                        time.sleep(0.1)
+                    dropped = drop(store)
+                run("produce", topic, "-g", "exactly-once", "--count", "10")
+                out, said = writer.communicate(timeout=90)
+            finally:
+                writer.kill()
+            return writer.returncode, out, said, dropped
+
+        code, out, said, part = meet_while_writing(part_of, drop_todays_part)
+        assert code == 0, said
         report = json.loads(out)
         assert report["processed"] == 20 and report["fenced_batches"] >= 1, report  # a batch met it, and went again
         assert f"warning: partition {part} was dropped outside kdg" in said, said
         audit = audited(kdg, topic, "--table", part_of, "-G", f"g-{part_of}", env=env)
         assert (audit["acked"], audit["rows"], audit["lost"], audit["duplicates"]) == (60, 60, 0, 0), audit
+
+        def drop_claim_table(store):
+            relation = store.fetchval("SELECT relation FROM kdg_windows WHERE sink_table = $1", f"public.{whole}")
+            store.execute(f'DROP TABLE "{relation}"')
+            return relation
+
+        assert consume(whole)[0]["processed"] == 20  # up to date, as part_of's writer was
+        code, _, said, relation = meet_while_writing(whole, drop_claim_table)  # stops, and says why
+        assert code == 6 and f"the claim table of public.{whole} ({relation}) was dropped outside kdg" in said, said
 
 
 def test_a_table_consumed_halfway_before_partitioned_claims_is_finished_after(kdg, conn, stack, topic, tmp_path):

@@ -27,7 +27,7 @@ from kdg.store.offsets import OffsetsMixin
 from kdg.store.replays import ReplaysMixin
 from kdg.store.rows import staging_table
 from kdg.store.sinks import SinksMixin
-from kdg.store.windows import Window, WindowsMixin, forget_dropped
+from kdg.store.windows import Window, WindowsMixin, dropped_while_writing, forget_dropped
 
 _STAGE = staging_table()
 
@@ -68,7 +68,8 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
         except PostgresRefused as exc:
             windows = list(self._windows.values())
             self._windows.clear()  # a rolled-back transaction takes back the partitions it made: read them again
-            if isinstance(exc.__cause__, asyncpg.exceptions.CheckViolationError) and windows:
+            if windows and isinstance(exc.__cause__, (asyncpg.exceptions.CheckViolationError,  # no partition
+                                                      asyncpg.exceptions.UndefinedTableError)):  # no claim table
                 self._forget_dropped(windows, exc)
             raise
         except BaseException:
@@ -76,25 +77,27 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
             raise
 
     def _forget_dropped(self, windows: list[Window], exc: PostgresRefused) -> None:
-        """After a write refused for want of a partition ("no partition of relation … found for row"): if one of
-        this store's claim partitions was dropped outside kdg, forget it (it is made again as the batch is
-        written again) and ask for the batch again, instead of failing every write of its range for ever.
-        Also when another writer of the table forgot it first (the window moved since this batch read it: a
-        pipelined batch meets the same gap at the same time). Any other refusal stands."""
-        async def forget() -> tuple[dict, bool]:
+        """After a write refused for want of a partition ("no partition of relation … found for row") or of a
+        table: if one of this store's claim partitions was dropped outside kdg, forget it (it is made again as
+        the batch is written again) and ask for the batch again, instead of failing every write of its range
+        for ever. Also when another writer of the table forgot it first (the window moved since this batch
+        read it: a pipelined batch meets the same gap at the same time). A whole claim table dropped stops
+        the writer (:func:`~kdg.store.windows.dropped_while_writing`). Any other refusal stands."""
+        async def forget() -> tuple[dict, list[Window], bool]:
             found = await forget_dropped(self.conn, [w.relation for w in windows])
-            moved = False
-            for w in windows if not found else ():
-                moved = moved or await self.conn.fetchval(
-                    "SELECT updated_at FROM kdg_windows WHERE relation = $1", w.relation) != w.version
-            return found, moved
+            versions = {w.relation: await self.conn.fetchval(
+                "SELECT updated_at FROM kdg_windows WHERE relation = $1", w.relation) for w in windows}
+            whole = [w for w in windows if versions[w.relation] is None]  # forgotten now, or by another writer
+            return found, whole, any(versions[w.relation] != w.version for w in windows)
 
         try:
-            found, moved = self._converted(forget())
+            found, whole, moved = self._converted(forget())
         except KdgError:
             return  # the refusal is what the caller hears
         notes = [note for _, found_notes in found.values() for note in found_notes]
         self.healed.extend(notes)
+        if whole:
+            raise dropped_while_writing(whole[0]) from exc
         if notes or moved:
             raise RetryBatch(f"{notes[0] if notes else 'the claim window moved'} (the batch is written again)") \
                 from exc

@@ -223,6 +223,15 @@ async def ensure_parts(conn, window: Window, times: list[int]) -> None:
             window.parts = sorted({*window.parts, (lo, hi)})
 
 
+def dropped_while_writing(window: Window) -> PostgresRefused:
+    """A writer's whole claim table was dropped outside kdg: it stops, and its next start makes a new one (with
+    the retention its window is given then; a writer carrying on would fill a table nobody expires)."""
+    return PostgresRefused(
+        f"the claim table of {window.sink_table} ({window.relation}) was dropped outside kdg while this writer "
+        "ran: start it again to make a new, empty one (a record claimed in the old one and read again is then "
+        "written again)")
+
+
 async def hold_horizon(conn, window: Window) -> None:
     """Inside a claiming transaction: read the horizon, holding it until commit (maintenance waits); the
     window read again if maintenance changed it since (a horizon raised, partitions cut or made)."""
@@ -232,10 +241,7 @@ async def hold_horizon(conn, window: Window) -> None:
     if version != window.version:
         row = await conn.fetchrow(_WINDOW, window.relation)
         if row is None:  # forget_dropped, in another process: the claim table was dropped outside kdg
-            raise PostgresRefused(
-                f"the claim table of {window.sink_table} ({window.relation}) was dropped outside kdg while this "
-                "writer ran: start it again to make a new, empty one (a record claimed in the old one and read "
-                "again is then written again)")
+            raise dropped_while_writing(window)
         fresh = _window(row)
         window.horizon_ms, window.parts, window.width_ms, window.version = (
             fresh.horizon_ms, fresh.parts, fresh.width_ms, fresh.version)
