@@ -39,7 +39,8 @@ def die_with_parent() -> None:
 
     Linux sends the signal when the *thread* that started the process ends, not only the process: a parent
     must start such children from a thread that outlives them (a chaos cell starts its processes from the
-    thread that runs the cell, and waits for all of them before it returns)."""
+    thread that runs the cell, and waits for all of them before it returns; a soak starts and restarts its
+    members from the thread that runs it, which stops them all before it returns)."""
     parent = os.environ.pop(DIE_WITH_PARENT, "")
     if not parent.isdigit() or not sys.platform.startswith("linux"):
         return

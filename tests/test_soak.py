@@ -2,12 +2,16 @@
 the whole run in both sinks, state stays bounded, lag recovers, RSS is measured."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 from kdg.chaos.soak_nemesis import KINDS
+from kdg.stack import procs
 
 
 @pytest.mark.disrupts_stack
@@ -32,3 +36,35 @@ def test_a_two_minute_soak_fires_every_fault_and_keeps_exactly_once(stack, tmp_p
     assert all(r["ok"] for r in checks["bounded"]), checks["bounded"]
     assert len(checks["lag_recovery"]) >= len(KINDS) and all(r["ok"] for r in checks["lag_recovery"])
     assert checks["rss"] and all(r["ok"] is not False for r in checks["rss"]), checks["rss"]  # 2 min: shown only
+
+
+def test_a_killed_soaks_members_die_with_it(stack, topic, tmp_path):
+    """A soak killed with SIGKILL (the OOM killer, a CI job's timeout), which no handler sees, took none of its
+    members along: a consumer ran on for ever. A member now asks Linux to kill it with the soak
+    (kdg.lifecycle.die_with_parent), as a chaos cell's processes do."""
+    soak = subprocess.Popen([sys.executable, "-c", f"""
+import time
+from pathlib import Path
+from kdg.chaos.soak_procs import Member
+from kdg.stack.layout import StackLayout
+member = Member(StackLayout.load(Path({str(stack.state_dir)!r})), "consumer-1", "consumer",
+                ["consume", {topic!r}, "-G", "g-{topic}", "-g", "at-least-once", "--table", "soak_killed"],
+                Path({str(tmp_path)!r}))
+member.start(0.0)
+print(member.pid, flush=True)
+time.sleep(300)
+"""], stdout=subprocess.PIPE, text=True)
+    member = None
+    try:
+        member = int(soak.stdout.readline())
+        assert procs.process_state(member) not in (None, "Z"), "the member did not start"
+        soak.kill()
+        soak.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while procs.process_state(member) not in (None, "Z") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert procs.process_state(member) in (None, "Z"), "the killed soak's member outlived it"
+    finally:
+        soak.kill()
+        if member is not None and procs.process_state(member) not in (None, "Z"):
+            os.kill(member, signal.SIGKILL)

@@ -10,6 +10,7 @@ import time
 import urllib.request
 from pathlib import Path
 
+from kdg.lifecycle import DIE_WITH_PARENT
 from kdg.stack.layout import StackLayout
 
 
@@ -63,7 +64,10 @@ class Member:
 
     def _env(self) -> dict:
         env = {k: v for k, v in os.environ.items() if k != "KDG_FAULT"}
-        env.update({"KDG_BOOTSTRAP_SERVERS": self.layout.bootstrap_servers, "KDG_PG_DSN": self.layout.pg_dsn})
+        env.update({"KDG_BOOTSTRAP_SERVERS": self.layout.bootstrap_servers, "KDG_PG_DSN": self.layout.pg_dsn,
+                    # a soak killed with SIGKILL takes its members along (the soak starts and restarts them all
+                    # from the thread that runs it, which stops them before it returns: die_with_parent's rule)
+                    DIE_WITH_PARENT: str(os.getpid())})
         if self.layout.secure:
             env["KDG_KAFKA_CONFIG"] = str(self.layout.client_profile)
         return env
