@@ -51,13 +51,13 @@ member = Member(StackLayout.load(Path({str(stack.state_dir)!r})), "consumer-1", 
                 ["consume", {topic!r}, "-G", "g-{topic}", "-g", "at-least-once", "--table", "soak_killed"],
                 Path({str(tmp_path)!r}))
 member.start(0.0)
-print(member.pid, flush=True)
+print(member.pid if member.wait_ready(90, time.sleep) else -1, flush=True)  # consuming, as in a soak
 time.sleep(300)
 """], stdout=subprocess.PIPE, text=True)
     member = None
     try:
         member = int(soak.stdout.readline())
-        assert procs.process_state(member) not in (None, "Z"), "the member did not start"
+        assert member > 0 and procs.process_state(member) not in (None, "Z"), "the member did not become ready"
         soak.kill()
         soak.wait(timeout=10)
         deadline = time.monotonic() + 10
