@@ -287,11 +287,10 @@ def _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics) 
                 _settle(sink.collect(), req, offsets, sink, report, metrics)
             # caught up (a poll short of a full batch, none being written): what the burst pinned is let go
             calm.turned(n, busy=n >= req.batch_size or sink.records_in_flight >= req.batch_size)
-            for done in _maintain(req, offsets, sink, report, metrics):  # busy or idle: claims expire either way
-                for note in done.healed:
-                    req.notice(f"warning: {note}")
-                if done.skipped:
-                    req.notice(f"claim maintenance of {done.sink_table} skipped: {done.skipped}")
+            for skipped in _maintain(req, offsets, sink, report, metrics):  # busy or idle: claims expire either way
+                req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
+            for note in sink.healed():
+                req.notice(f"warning: {note}")
             stop = _stop_reason(req, got, end, report, last_data, sink.records_in_flight)
             if stop and sink.records_in_flight:  # decide on what is written, not on what is being written
                 _settle(sink.drain(), req, offsets, sink, report, metrics)

@@ -127,6 +127,11 @@ class Sink:
         passes that were skipped, and why."""
         return []
 
+    def healed(self) -> list[str]:
+        """What the sink found of its own state dropped outside kdg since last asked, in words (the Postgres
+        sink's claims: :func:`kdg.store.windows.forget_dropped`)."""
+        return []
+
     def unclaimed(self) -> int:
         """Rows written without a claim, their keys older than the table's window (the Postgres sink)."""
         return 0

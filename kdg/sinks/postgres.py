@@ -9,7 +9,6 @@ from kdg.sinks.dead_letters import DeadLetterQueue
 from kdg.sinks.pipeline import Pipeline
 from kdg.store.pg import Store
 from kdg.store.rows import SinkRows, sink_row
-from kdg.store.windows import Maintained
 
 
 class PostgresSink(Sink):
@@ -47,28 +46,29 @@ class PostgresSink(Sink):
         self._maintain_at = time.monotonic() + self._maintain_every
 
     def maintain_if_due(self) -> list:
-        """Drop the window's expired partitions if it is time; the passes that were skipped (and why), or that
-        found state dropped outside kdg (:func:`kdg.store.windows.forget_dropped`)."""
-        healed = self._healed()
+        """Drop the window's expired partitions if it is time; the passes that were skipped (and why)."""
         if self.window is None or time.monotonic() < self._maintain_at:
-            return healed
+            return []
         self._maintain_at = time.monotonic() + self._maintain_every
         done = self.store.maintain(relations=[self.window.relation])
         self.partitions_dropped += sum(m.dropped for m in done)
-        return healed + [m for m in done if m.healed or (m.skipped and "another process" not in m.skipped)]
+        return [m for m in done if m.skipped and "another process" not in m.skipped]
 
-    def _healed(self) -> list:
-        """What this sink's writes found dropped outside kdg since last asked (:meth:`Store._forget_dropped`)."""
+    def _stores(self) -> list[Store]:
+        """Every connection of this sink: its own, and the pipeline's."""
+        return [self.store] + (self.pipeline.stores if self.pipeline is not None else [])
+
+    def healed(self) -> list[str]:
+        """Claim state its writes or upkeep found dropped outside kdg since last asked, on every connection."""
         notes = []
-        for store in [self.store] + (self.pipeline.stores if self.pipeline is not None else []):
+        for store in self._stores():
             while store.healed:
                 notes.append(store.healed.popleft())
-        return [Maintained("", self.table.text, None, healed=notes)] if notes else []
+        return notes
 
     def unclaimed(self) -> int:
         """Rows written without a claim (older than the window), on every connection of this sink."""
-        stores = [self.store] + (self.pipeline.stores if self.pipeline is not None else [])
-        return sum(store.unclaimed for store in stores)
+        return sum(store.unclaimed for store in self._stores())
 
     def acquire(self, partitions: list[int]) -> dict[int, int | None]:
         """Own ``partitions`` (each fence bumped, so an older owner's batches are refused); their stored offsets."""

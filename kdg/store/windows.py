@@ -279,6 +279,7 @@ class WindowsMixin:
 
         done = []
         healed = await forget_dropped(self.conn, relations)
+        self.healed.extend(note for _, notes in healed.values() for note in notes)  # for a writer's own upkeep
         windows = {w.relation: w for w in await _windows(self.conn, relations)}
         for relation, (sink_table, notes) in healed.items():
             if relation not in windows:  # the whole claim table went, and with it its window
