@@ -97,7 +97,8 @@ WITH led AS (SELECT l.idempotency_key, bool_or(l.status <> 'failed') AS ok, min(
      dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dead)
 SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false), coalesce(led.passed, true), led.p,
        CASE WHEN led.idempotency_key IS NOT NULL
-            THEN NOT led.inside OR ($8 AND got.n IS NULL AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6)
+            THEN NOT led.inside OR coalesce($8 AND got.n IS NULL AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6,
+                                               false)  -- no horizon yet: nothing expired
             ELSE coalesce(kdg_key_ms(idempotency_key) < $5, false) OR coalesce(got.go < kept.first, false)
                  OR coalesce(to_timestamp(kdg_key_ms(idempotency_key) / 1000.0) < $3, false)
                  OR coalesce(to_timestamp(kdg_key_ms(idempotency_key) / 1000.0) >= $4, false) END,
