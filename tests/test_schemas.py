@@ -325,7 +325,10 @@ def test_schema_flags_that_cannot_work_are_refused_before_anything_is_read(kdg, 
          "--schema"),
         (("consume", topic, "-G", group, "--table", "app.x", "--column", "a = json:a", "--value-format", "raw"),
          "value_format raw: column 'a' reads 'json:a'"),
+        (("mapping", "from-schema", f"{topic}-value", "--schema-registry", "alice:S3cretPW@127.0.0.1:1"),
+         "Schema Registry URL '127.0.0.1:1': use http://HOST:PORT"),  # no scheme: refused, the login never shown
     ]
     for args, says in cases:
         proc = kdg(*args, env=registry_env, check=False)
         assert proc.returncode == 2 and says in proc.stderr, (args, proc.returncode, proc.stderr)
+        assert "S3cretPW" not in proc.stdout + proc.stderr

@@ -11,6 +11,8 @@ reason to dead-letter a record.
 """
 
 import contextlib
+import os
+import re
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -25,6 +27,10 @@ BLIP_S = 10.0          # how long a registry that is away is waited for where no
 HTTP_TIMEOUT_S = 10.0  # a registry that takes a connection and never answers is away (schema.registry.timeout)
 _CLIENT_KEYS = ("url", "basic.auth.user.info", "basic.auth.credentials.source", "ssl.ca.location",
                 "ssl.certificate.location", "ssl.key.location", "ssl.key.password", "timeout")
+_FILES = ("ssl.ca.location", "ssl.certificate.location", "ssl.key.location")
+# the Java clients' way of naming where the login comes from; the Python client takes it from whichever is given
+_CREDENTIAL_SOURCES = ("USER_INFO", "URL")
+_LOGIN = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*://)?)[^/@]*@")  # the user:password@ of a URL, scheme or not
 
 
 @dataclass
@@ -70,18 +76,50 @@ def _passing(exc: Exception) -> bool:
     return True
 
 
+def shown_url(url: str) -> str:
+    """A registry URL (or a comma-separated list of them) fit to print: any login taken out, scheme or not."""
+    return ",".join(_LOGIN.sub(r"\1", part.strip()) for part in url.split(","))
+
+
 def _client_conf(settings: dict[str, str]) -> dict:
+    """The client's configuration from kdg's settings, every mistake in them a usage error that names the
+    setting and never shows a login."""
     conf = {}
     for key, value in settings.items():
         name = key.removeprefix("schema.registry.")
         if name not in _CLIENT_KEYS:
             raise UsageError(f"{key}: not a Schema Registry setting kdg knows; use schema.registry.url, "
                              "basic.auth.user.info or schema.registry.ssl.{ca,certificate,key}.location")
-        conf[name] = float(value) if name == "timeout" else value
+        if name == "timeout":
+            try:
+                value = float(value)
+            except ValueError:
+                raise UsageError(f"{key}={value!r}: not a number of seconds") from None
+            if not value > 0:
+                raise UsageError(f"{key}={value!r}: must be more than 0 seconds")
+        elif name == "basic.auth.credentials.source":
+            if str(value).upper() not in _CREDENTIAL_SOURCES:
+                raise UsageError(f"{key}={value}: kdg's registry client takes the login from basic.auth.user.info "
+                                 "or from the URL (USER_INFO or URL), nothing else")
+            continue  # the client takes the login from where it is given
+        elif name == "basic.auth.user.info" and ":" not in value:
+            raise UsageError(f"{key}: must be USER:PASSWORD")
+        elif name in _FILES and not os.path.exists(value):
+            raise UsageError(f"{key}={value}: no such file")
+        conf[name] = value
     conf.setdefault("timeout", HTTP_TIMEOUT_S)
     if not conf.get("url"):
         raise UsageError("a schema'd format needs a Schema Registry: --schema-registry URL, schema.registry.url in "
                          "the -F profile, or a local stack started with `kdg stack up --schema-registry`")
+    for part in conf["url"].split(","):
+        parts = urlsplit(part.strip())
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UsageError(f"Schema Registry URL {shown_url(part)!r}: use http://HOST:PORT or "
+                             "https://HOST:PORT (with any path the registry's API is under)")
+    if "basic.auth.user.info" in conf and any(urlsplit(p.strip()).password is not None
+                                              for p in conf["url"].split(",")):
+        raise UsageError("the Schema Registry login is given twice, in the URL and in basic.auth.user.info: "
+                         "give it once")
     return conf
 
 
@@ -90,8 +128,7 @@ class Registry:
 
     def __init__(self, settings: dict[str, str]):
         conf = _client_conf(settings)
-        parts = urlsplit(conf["url"])
-        self.url = parts._replace(netloc=parts.netloc.rpartition("@")[2]).geturl()  # shown: never a login in it
+        self.url = shown_url(conf["url"])  # shown: never a login in it
         try:
             with warnings.catch_warnings():
                 # authlib (the client's OAuth support, unused here) warns about httpx on import, under a filter
@@ -105,7 +142,17 @@ class Registry:
                                    f"({exc.name} is missing)") from None
         self._schema_cls, self._error = Schema, SchemaRegistryError
         # no retries of the client's own (sleeps a stop request cannot end): kdg's wait is the one (Patience)
-        self._client = SchemaRegistryClient({**conf, "max.retries": 0})
+        try:
+            self._client = SchemaRegistryClient({**conf, "max.retries": 0})
+        except (ValueError, TypeError, OSError) as exc:  # a certificate or key it cannot load, and the like
+            secrets = [v for k, v in conf.items() if k in ("basic.auth.user.info", "ssl.key.password")]
+            secrets += [urlsplit(p.strip()).password or "" for p in conf["url"].split(",")]
+            message = str(exc)
+            for secret in filter(None, secrets):
+                message = message.replace(secret, "***")
+            files = ", ".join(f"{k}={conf[k]}" for k in _FILES if k in conf)
+            raise UsageError(f"the Schema Registry settings{f' ({files})' if files else ''}: "
+                             f"{type(exc).__name__}: {message}") from None
         self._by_id: dict[int, tuple[str, str | None]] = {}
         self._unknown: dict[int, float] = {}
 
