@@ -71,3 +71,54 @@ def test_a_mapping_derived_from_each_kind_of_schema():
     assert column_name("orderId") == "order_id"
     with pytest.raises(UsageError, match="--key 'nope'"):
         derive_mapping((SCHEMAS / "order_v1.avsc").read_text(), "avro", "o", ("nope",))
+
+
+def test_avro_values_python_cannot_hold_reach_postgres_as_text_it_reads():
+    """timestamp-nanos (fastavro gives a bare number, which a timestamptz column would read as milliseconds),
+    years outside 1-9999, and NaN or Infinity in a double: each as the text Postgres's input takes."""
+    from kdg.schemas.codecs import _add_logical_readers
+
+    _add_logical_readers()
+    ts = {"type": "long", "logicalType": "timestamp-millis"}
+    schema = fastavro.parse_schema({"type": "record", "name": "T", "fields": [
+        {"name": "ns", "type": ["null", {"type": "long", "logicalType": "timestamp-nanos"}]},
+        {"name": "ms", "type": ts}, {"name": "day", "type": {"type": "int", "logicalType": "date"}},
+        {"name": "x", "type": "double"}, {"name": "xs", "type": {"type": "array", "items": "double"}}]})
+
+    def decoded(**doc):
+        buf = io.BytesIO()
+        fastavro.schemaless_writer(buf, schema, doc)
+        return {k: as_text(v) for k, v in fastavro.schemaless_reader(io.BytesIO(buf.getvalue()), schema, None).items()}
+
+    assert decoded(ns=1_700_000_000_123_456_789, ms=-1, day=-1, x=float("nan"), xs=[1.5, float("-inf")]) == {
+        "ns": "2023-11-14T22:13:20.123456+00:00", "ms": "1969-12-31T23:59:59.999000+00:00", "day": "1969-12-31",
+        "x": "NaN", "xs": "{1.5,-Infinity}"}
+    assert decoded(ns=None, ms=253_402_300_800_000, day=-719_163, x=float("inf"), xs=[2.0]) == {
+        "ns": None, "ms": "10000-01-01 00:00:00.000000+00", "day": "0001-12-31 BC", "x": "Infinity", "xs": "[2.0]"}
+    with pytest.raises(ValueError, match="NaN or Infinity"):
+        json_text({"x": float("nan")})  # a jsonb column: JSON has no words for them
+
+
+def test_a_json_number_with_a_fraction_fits_a_nullable_double():
+    schema = fastavro.parse_schema({"type": "record", "name": "P", "fields": [
+        {"name": "price", "type": ["null", "double"]}, {"name": "n", "type": ["null", "long", "double"]}]})
+    doc = _avro_ready(schema, json.loads('{"price": 1.5, "n": 2.5e3}', parse_float=Decimal))
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, schema, doc, strict=True)
+    assert fastavro.schemaless_reader(io.BytesIO(buf.getvalue()), schema, None) == {"price": 1.5, "n": 2500.0}
+
+
+@pytest.mark.parametrize("settings, says", [
+    ({"schema.registry.url": "alice:S3cretPW@127.0.0.1:8081"}, "use http://HOST:PORT"),
+    ({"schema.registry.url": "http://h:1", "schema.registry.timeout": "abc"}, "not a number of seconds"),
+    ({"schema.registry.url": "http://h:1", "basic.auth.credentials.source": "SASL_INHERIT"}, "USER_INFO or URL"),
+    ({"schema.registry.url": "http://h:1", "basic.auth.user.info": "aliceS3cretPW"}, "must be USER:PASSWORD"),
+    ({"schema.registry.url": "http://h:1", "schema.registry.ssl.ca.location": "/nonexistent"}, "no such file"),
+    ({"schema.registry.url": "http://x:S3cretPW@h:1", "basic.auth.user.info": "a:b"}, "given twice"),
+])
+def test_registry_settings_that_cannot_work_are_usage_errors_that_never_show_the_login(settings, says):
+    from kdg.schemas.registry import Registry
+
+    with pytest.raises(UsageError, match=says) as refused:
+        Registry(settings)
+    assert "S3cretPW" not in str(refused.value)

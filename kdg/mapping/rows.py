@@ -105,7 +105,15 @@ class RowMaker:
             raise ValueError(f"{self._key_bad}{exc}") from None
         if self._cdc:  # the key as Kafka Connect wrapped it, or bare
             key_doc = _unwrapped(key_doc)
-        values = [read(rec, key, doc, key_doc) for read in self._readers]
+        try:
+            values = [read(rec, key, doc, key_doc) for read in self._readers]
+        except ValueError:  # said again column by column, to name the one that cannot take its value
+            values = []
+            for column, read in zip(self.columns, self._readers):
+                try:
+                    values.append(read(rec, key, doc, key_doc))
+                except ValueError as exc:
+                    raise ValueError(f"column {column.name!r}: {exc}") from None
         for i, value in enumerate(values):
             if value is not None and ("\x00" in value or not value.isascii() or "\\u" in value) \
                     and not _storable(value, self._jsonb[i]):

@@ -18,6 +18,7 @@ Example:
 """
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import date, datetime, time
 from decimal import Decimal
@@ -141,9 +142,32 @@ def as_text(value) -> str | None:
         return "true" if value else "false"
     if kind is int or kind is Decimal:
         return str(value)
+    if kind is float and not math.isfinite(value):  # a decoded Avro or Protobuf double: real and double take them
+        return _FLOAT_WORDS.get(value, "NaN")
+    if kind is list and any(type(v) is float and not math.isfinite(v) for v in value):
+        return _pg_array(value)
     if kind is dict or kind is list or kind is float:
         return json_text(value)
     return _scalar_text(value)
+
+
+_FLOAT_WORDS = {math.inf: "Infinity", -math.inf: "-Infinity"}
+
+
+def _pg_array(values: list) -> str:
+    """A flat list of numbers holding NaN or Infinity, which JSON has no words for, as a Postgres array literal
+    (``{NaN,1.5,NULL}``): what an array column of real or double precision reads."""
+    texts = []
+    for v in values:
+        if v is None:
+            texts.append("NULL")
+        elif type(v) is float and not math.isfinite(v):
+            texts.append(_FLOAT_WORDS.get(v, "NaN"))
+        elif type(v) in (int, float, Decimal):
+            texts.append(str(v))
+        else:
+            raise ValueError("NaN or Infinity inside a list of more than numbers: JSON has no words for them")
+    return "{" + ",".join(texts) + "}"
 
 
 def json_text(value) -> str | None:
@@ -154,6 +178,8 @@ def json_text(value) -> str | None:
         return _dumps(value)
     except TypeError:  # a Decimal (or a decoded value) somewhere inside: numbers exactly as they were written
         return _json_with_decimals(value)
+    except ValueError:  # a float NaN or Infinity (a decoded Avro or Protobuf double) somewhere inside
+        raise ValueError("NaN or Infinity, which JSON (and so jsonb) has no words for") from None
 
 
 def _scalar_text(value) -> str:

@@ -13,6 +13,7 @@ with a newer, compatible schema still maps: a column whose field it lacks is NUL
 
 import io
 import json
+from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 
 from kdg.errors import MissingComponent
@@ -37,6 +38,87 @@ def require_codec(fmt: str) -> None:
         except ImportError:
             raise MissingComponent(f"--value-format {fmt} needs {name.split('.')[0]}: pip install 'kdg[schemas]'") \
                 from None
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_DAY_US = 86_400_000_000
+_TIME_UNITS = {"millis": 1_000, "micros": 1, "nanos": None}  # microseconds per unit (nanos: divided by 1,000)
+
+
+def _civil(days: int) -> tuple[int, int, int]:
+    """The proleptic Gregorian (year, month, day) of ``days`` after 1970-01-01, for any year (0 is 1 BC)."""
+    z = days + 719_468
+    era = z // 146_097
+    doe = z - era * 146_097
+    yoe = (doe - doe // 1_460 + doe // 36_524 - doe // 146_096) // 365
+    doy = doe - (365 * yoe + yoe // 4 - yoe // 100)
+    mp = (5 * doy + 2) // 153
+    month = mp + 3 if mp < 10 else mp - 9
+    return yoe + era * 400 + (month <= 2), month, doy - (153 * mp + 2) // 5 + 1
+
+
+def _pg_date(days: int) -> str:
+    year, month, day = _civil(days)
+    return f"{year if year > 0 else 1 - year:04d}-{month:02d}-{day:02d}"
+
+
+def _bc(year_days: int, text: str) -> str:
+    return text + " BC" if _civil(year_days)[0] <= 0 else text
+
+
+def _timestamp_text(us: int, zone: str) -> str:
+    """A timestamp Python's datetime cannot hold (years outside 1-9999) as the text Postgres reads, which holds
+    4713 BC to 294276 AD: ``10000-01-01 00:00:00.000000+00``, ``0001-12-31 23:59:59.000000+00 BC``."""
+    days, rest = divmod(us, _DAY_US)
+    seconds, micro = divmod(rest, 1_000_000)
+    text = f"{_pg_date(days)} {seconds // 3600:02d}:{seconds // 60 % 60:02d}:{seconds % 60:02d}.{micro:06d}{zone}"
+    return _bc(days, text)
+
+
+def _timestamp_reader(unit: str, local: bool, fastavro_own):
+    """fastavro's reader of a timestamp logical type where it has one, else (nanos) ours; a value outside
+    datetime's years as Postgres's text instead of an error that would call a valid payload corrupt."""
+    def read(data, writer_schema=None, reader_schema=None):
+        if fastavro_own is not None:
+            try:
+                return fastavro_own(data, writer_schema, reader_schema)
+            except (OverflowError, ValueError, OSError):
+                pass
+        us = data * _TIME_UNITS[unit] if unit != "nanos" else data // 1_000  # Postgres keeps microseconds
+        try:
+            stamp = _EPOCH + timedelta(microseconds=us)
+            return stamp.replace(tzinfo=None) if local else stamp
+        except OverflowError:
+            return _timestamp_text(us, "" if local else "+00")
+    return read
+
+
+def _date_reader(fastavro_own):
+    def read(data, writer_schema=None, reader_schema=None):
+        try:
+            return fastavro_own(data, writer_schema, reader_schema)
+        except (OverflowError, ValueError, OSError):
+            return _bc(data, _pg_date(data))
+    return read
+
+
+_readers_added = False
+
+
+def _add_logical_readers() -> None:
+    """Teach fastavro (once per process) the timestamp-nanos types it returns as bare numbers, which a
+    timestamptz column would read as milliseconds, and dates and timestamps outside years 1-9999."""
+    global _readers_added
+    if _readers_added:
+        return
+    from fastavro.read import LOGICAL_READERS  # the dict its compiled reader looks in too
+
+    for local in (False, True):
+        for unit in _TIME_UNITS:
+            name = f"long-{'local-' if local else ''}timestamp-{unit}"
+            LOGICAL_READERS[name] = _timestamp_reader(unit, local, LOGICAL_READERS.get(name))
+    LOGICAL_READERS["int-date"] = _date_reader(LOGICAL_READERS["int-date"])
+    _readers_added = True
 
 
 class SchemaDecoder:
@@ -78,6 +160,7 @@ class SchemaDecoder:
         try:
             if self.fmt == "avro":
                 import fastavro
+                _add_logical_readers()
                 return fastavro.parse_schema(json.loads(text))
             if self.fmt == "protobuf":
                 from kdg.schemas.proto import ProtoFile
@@ -205,13 +288,20 @@ def _avro_ready(schema, value):
     if isinstance(schema, list):  # a union: the branch the value fits, bytes-like only for a string
         if value is None:
             return None
+        if isinstance(value, Decimal):  # a number written with a fraction or exponent: a branch that holds one
+            fits = [b for b in schema if isinstance(b, dict) and b.get("logicalType") == "decimal"] or \
+                   [b for b in schema if _kind(b) in ("double", "float")]
+            if fits:
+                return _avro_ready(fits[0], value)
         for branch in schema:
             if branch != "null" and (not isinstance(value, str) or _bytes_like(branch)):
                 return _avro_ready(branch, value)
         return value
+    kind = _kind(schema)
+    if isinstance(value, Decimal) and kind in ("double", "float"):
+        return float(value)  # JSON's 1.5, parsed as a Decimal to keep a decimal's digits, for a double
     if not isinstance(schema, dict):
         return value.encode("latin-1") if isinstance(value, str) and schema == "bytes" else value
-    kind = schema.get("type")
     if schema.get("logicalType") == "decimal" and isinstance(value, (int, float, Decimal)):
         return Decimal(str(value))
     if kind in ("bytes", "fixed") and isinstance(value, str):
@@ -227,6 +317,11 @@ def _avro_ready(schema, value):
     if kind == "map" and isinstance(value, dict):
         return {k: _avro_ready(schema["values"], v) for k, v in value.items()}
     return value
+
+
+def _kind(schema) -> str | None:
+    """An Avro schema's type name: the schema itself for a primitive, else its ``type``."""
+    return schema.get("type") if isinstance(schema, dict) else schema if isinstance(schema, str) else None
 
 
 def _bytes_like(branch) -> bool:
