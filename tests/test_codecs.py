@@ -69,6 +69,9 @@ def test_a_mapping_derived_from_each_kind_of_schema():
     assert detect_format((SCHEMAS / "order.proto").read_text(), "AVRO") == "protobuf"
     assert 'key = ["id"]' in to_toml(avro)
     assert column_name("orderId") == "order_id"
+    wide = json.dumps({"type": "record", "name": "W", "fields": [{"name": "n", "type": {
+        "type": "bytes", "logicalType": "decimal", "precision": 1001, "scale": 0}}]})
+    assert derive_mapping(wide, "avro", "w")["columns"]["n"]["type"] == "numeric"  # past Postgres's 1000 digits
     with pytest.raises(UsageError, match="--key 'nope'"):
         derive_mapping((SCHEMAS / "order_v1.avsc").read_text(), "avro", "o", ("nope",))
 

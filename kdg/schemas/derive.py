@@ -104,7 +104,9 @@ def _avro_type(t, named: dict[str, str]) -> str:
         return _AVRO.get(t) or named.get(t) or named.get(t.rpartition(".")[2], "jsonb")
     logical, kind = t.get("logicalType"), t.get("type")
     if logical == "decimal" and "precision" in t:
-        pg = f"numeric({int(t['precision'])},{int(t.get('scale', 0))})"
+        precision, scale = int(t["precision"]), int(t.get("scale", 0))
+        # Postgres's numeric takes a precision of at most 1000; past it, numeric without one holds any value
+        pg = f"numeric({precision},{scale})" if 1 <= precision <= 1000 and 0 <= scale <= precision else "numeric"
     elif logical in _AVRO_LOGICAL:
         pg = _AVRO_LOGICAL[logical]
     elif kind == "array":
