@@ -91,7 +91,11 @@ def redact_dsn(dsn: str) -> str:
     masked = dsn
     if parts.password is not None:
         masked = urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
-    return re.sub(r"(password=)[^&\s]+", r"\1***", masked)  # libpq style, or ?password= in a URL
+    return _PASSWORD_SETTING.sub(r"\1***", masked)
+
+
+# libpq's keyword style (``password = 'a b'``, quoted or not), or ?password= in a URL; any case, as printed
+_PASSWORD_SETTING = re.compile(r"(?i)(password\s*=\s*)('(?:[^'\\]|\\.)*'?|[^&\s]+)")
 
 
 def redact_properties(props: dict[str, str]) -> dict[str, str]:

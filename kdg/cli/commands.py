@@ -37,9 +37,22 @@ def _formats(value_format, key_format, typed, where: str) -> str:
     return value_format
 
 
+MAX_BATCH = 1_000_000  # confluent-kafka's consume() takes at most this many messages a call
+
+
+def _sink_table(table: str | None) -> str:
+    """``--table`` as given, checked (an empty one is refused: an unset variable must not mean kdg's own
+    table), or kdg's own ``kdg_events`` when none was given."""
+    from kdg.settings import table_name
+
+    return table_name("kdg_events" if table is None else table).text
+
+
 def _check_min(*checks: tuple[str, "int | float | None", int]) -> None:
     """Each ``(option, value, minimum)``: a value below its minimum is a usage error naming the option."""
     for option, value, minimum in checks:
+        if value is not None and value != value:  # NaN: below nothing, above nothing
+            raise UsageError(f"{option} nan: not a number")
         if value is not None and value < minimum:
             raise UsageError(f"{option} {value:g}: must be at least {minimum}")
 
@@ -61,6 +74,8 @@ def _check_lifecycle(shutdown_timeout: float, wait_timeout: float, metrics_port:
                ("--metrics-port", metrics_port, 0))
     if metrics_port is not None and metrics_port > 65535:
         raise UsageError(f"--metrics-port {metrics_port}: a TCP port is at most 65535")
+    if shutdown_timeout == float("inf"):
+        raise UsageError("--shutdown-timeout inf: give a number of seconds, past which a stop is forced")
 
 
 def _notice(text: str) -> None:
@@ -271,7 +286,6 @@ def consume(
     from kdg.consume import ConsumeRequest, load_handler, run_consume
     from kdg.lifecycle import Shutdown
     from kdg.mapping import build_mapping
-    from kdg.settings import table_name
 
     if fmt not in ("text", "json"):
         raise UsageError("--format must be text or json")
@@ -281,6 +295,8 @@ def consume(
                ("--idle-timeout", idle_timeout, 0), ("--max-bytes", max_bytes, 0), ("--pg-wait", pg_wait, 0),
                ("--pipeline", pipeline, 0))
     _check_lifecycle(shutdown_timeout, wait_timeout, metrics_port)
+    if batch_size > MAX_BATCH:
+        raise UsageError(f"--batch-size {batch_size}: at most {MAX_BATCH:,} (what one poll of the Kafka client returns)")
     if pipeline > 8:
         raise UsageError(f"--pipeline {pipeline}: at most 8 (each is a Postgres connection; 2 already overlaps "
                          "reading with writing)")
@@ -291,7 +307,7 @@ def consume(
     value_format = _formats(value_format, key_format, typed, "" if kind == "stdout" or (id_from or "").startswith(
         "json:") else f"the {kind} sink keeps each value's bytes as they are; decoding is for a typed sink "
         "(--column or --mapping), --id-from json: or the stdout sink")
-    table = typed.table.text if typed is not None else table_name(table or "kdg_events").text
+    table = typed.table.text if typed is not None else _sink_table(table)
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
     bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
@@ -372,7 +388,7 @@ def spark_replay(
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
         req = ReplayRequest(topic=topic, guarantee=guarantee,
                             conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry), value_format=value_format,
-                            group=group, start=start, end=end, table=table or "kdg_events", mapping=typed,
+                            group=group, start=start, end=end, table=_sink_table(table), mapping=typed,
                             master=master, id_from=id_from, chunk_rows=chunk_rows, dedup_retention=dedup_retention,
                             beyond_dedup_window=beyond_dedup_window,
                             spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"),
@@ -450,7 +466,7 @@ def spark_stream(
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
         req = StreamRequest(topic=topic, group=group, guarantee=guarantee,
                             conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry), value_format=value_format,
-                            table=table or "kdg_events", mapping=typed, master=master, checkpoint=checkpoint,
+                            table=_sink_table(table), mapping=typed, master=master, checkpoint=checkpoint,
                             trigger=trigger, max_per_batch=max_per_batch, id_from=id_from, chunk_rows=chunk_rows,
                             spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"),
                             dedup_retention=dedup_retention, pg_wait=pg_wait, shutdown=shutdown,

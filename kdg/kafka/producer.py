@@ -1,6 +1,7 @@
 """The one module that owns confluent-kafka's Producer: config from the policy, sends, delivery reports,
 transactions, errors."""
 
+import math
 import threading
 import time
 from collections import Counter, deque
@@ -25,9 +26,18 @@ def producer_config(policy: DeliveryPolicy, bootstrap: str, extra: dict, transac
         config["transactional.id"] = transactional_id
         # librdkafka requires delivery.timeout.ms <= transaction.timeout.ms; a longer delivery
         # timeout asked for with -X stretches the transaction timeout to match
-        delivery = max(int(config.get(k, 0)) for k in ("delivery.timeout.ms", "message.timeout.ms", "linger.ms"))
+        delivery = max(_ms(config, k) for k in ("delivery.timeout.ms", "message.timeout.ms", "linger.ms"))
         config.setdefault("transaction.timeout.ms", max(30_000, delivery))
     return config
+
+
+def _ms(config: dict, key: str) -> int:
+    """A time setting in ms as librdkafka takes it (``linger.ms`` may be fractional, ``0.5``); a value that is
+    not a number is left for librdkafka to refuse, naming the property (kdg.kafka.clients)."""
+    try:
+        return math.ceil(float(config.get(key, 0)))
+    except (TypeError, ValueError, OverflowError):
+        return 0
 
 
 _ANY_PARTITION = -1  # RD_KAFKA_PARTITION_UA: librdkafka's partitioner chooses
