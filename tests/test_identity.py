@@ -80,3 +80,21 @@ def test_migrate_moves_state_tables_made_under_another_search_path_home(kdg, con
         with Store(dsn) as store:
             assert store.fetchval("SELECT count(*) FROM public.kdg_dedup_1_0_86400000 WHERE key_ms = 5") == 1
             assert store.fetchval("SELECT count(*) FROM pg_class WHERE relnamespace = 'app'::regnamespace") == 0
+
+
+def test_a_search_path_without_kdgs_schema_is_pointed_at_it_not_at_a_second_copy(kdg, conn, topic):
+    """kdg's tables in public, a DSN whose search_path is only another schema: the consumer used to say "run kdg
+    db migrate" for that DSN, which made a second copy of kdg's state there, and exactly-once through the two
+    copies wrote every record of one table twice. Now both name the schema to put on the search path."""
+    schema = f"sp_{uuid.uuid4().hex[:6]}"
+    run_sql(conn.pg_dsn, f"CREATE SCHEMA {schema}")
+    env = {"KDG_PG_DSN": _with_search_path(conn.pg_dsn, schema)}
+    try:
+        for argv, code in ((("consume", topic, "-G", f"g-{schema}", "-g", "exactly-once", "--table", "public.t",
+                             "-e"), 3), (("db", "migrate"), 2)):
+            proc = kdg(*argv, env=env, check=False)
+            assert proc.returncode == code and "kdg's tables are in schema public" in proc.stderr \
+                and f"search_path%3D{schema},public" in proc.stderr, (argv, proc.returncode, proc.stderr)
+        assert as_json(kdg("db", "migrate", "--second-copy", "--json", env=env))["applied"]  # asked for: made
+    finally:
+        run_sql(conn.pg_dsn, f"DROP SCHEMA {schema} CASCADE")

@@ -19,11 +19,15 @@ def _dsn(pg_dsn: str | None) -> str:
 
 
 @app.command()
-def migrate(pg_dsn: PgDsn = None, as_json: Json = False) -> None:
+def migrate(pg_dsn: PgDsn = None, as_json: Json = False,
+            second_copy: Annotated[bool, typer.Option(
+                "--second-copy", help="Make kdg's tables in this DSN's search_path even though another schema of "
+                "the database holds them (two copies keep two sets of claims: never let both write one table).")]
+            = False) -> None:
     """Apply every pending migration, in order, under an advisory lock. Idempotent."""
     from kdg.store.migrations import apply_migrations
 
-    report = apply_migrations(_dsn(pg_dsn))
+    report = apply_migrations(_dsn(pg_dsn), second_copy)
     if as_json:
         print_json(report)
     elif report.applied:

@@ -99,12 +99,35 @@ async def _applied_at(conn: asyncpg.Connection) -> dict[str, datetime]:
         "SELECT version, applied_at FROM kdg_schema_migrations")}
 
 
-async def _migrate(dsn: str) -> MigrateReport:
+async def _elsewhere(conn: asyncpg.Connection) -> tuple[list[str], str]:
+    """The schemas of this database that hold kdg's tables but are not where this connection finds them
+    (its search_path leaves them out), and that search_path."""
+    found = [r["nspname"] for r in await conn.fetch(
+        "SELECT n.nspname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+        "WHERE c.relname = 'kdg_schema_migrations' AND c.relkind IN ('r', 'p') "
+        "AND c.oid IS DISTINCT FROM to_regclass('kdg_schema_migrations') ORDER BY 1")]
+    return found, await conn.fetchval("SELECT current_setting('search_path')")
+
+
+def _second_copy(schemas: list[str], path: str, shown: str) -> str:
+    return (f"kdg's tables are in schema {', '.join(schemas)} of this database, which the search_path of "
+            f"{shown} ({path}) leaves out: put {schemas[0]} on it (…?options=-csearch_path%3D"
+            f"{path.replace(' ', '')},{schemas[0]}) "
+            "rather than making a second copy. Two copies keep two sets of claims and offsets, and an "
+            "exactly-once writer of one copy does not see the other's: a table both write gets records twice")
+
+
+async def _migrate(dsn: str, second_copy: bool = False) -> MigrateReport:
     files = migration_files()
     report = MigrateReport(redact_dsn(dsn))
     conn = await connect(dsn)
     try:
         await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_ID)  # held until the connection closes
+        if not second_copy and not await conn.fetchval("SELECT to_regclass('kdg_schema_migrations') IS NOT NULL"):
+            schemas, path = await _elsewhere(conn)
+            if schemas:
+                raise UsageError(_second_copy(schemas, path, report.dsn) + " (kdg db migrate --second-copy makes "
+                                 "one all the same)")
         await conn.execute(_TABLE)
         done = await _applied_at(conn)
         for sql in files:
@@ -125,9 +148,10 @@ async def _migrate(dsn: str) -> MigrateReport:
     return report
 
 
-def apply_migrations(dsn: str) -> MigrateReport:
-    """Bring the schema up to date (idempotent); the report names the files applied now."""
-    return asyncio.run(_migrate(dsn))
+def apply_migrations(dsn: str, second_copy: bool = False) -> MigrateReport:
+    """Bring the schema up to date (idempotent); the report names the files applied now. Where the database
+    holds kdg's tables in a schema this DSN's search_path leaves out, a usage error unless ``second_copy``."""
+    return asyncio.run(_migrate(dsn, second_copy))
 
 
 async def _status(dsn: str) -> SchemaStatus:
@@ -156,6 +180,10 @@ async def require_schema(conn: asyncpg.Connection, dsn: str) -> None:
         pending = names
     if pending:
         shown = redact_dsn(dsn)
+        if pending == names:
+            schemas, path = await _elsewhere(conn)
+            if schemas:
+                raise SchemaMissing(_second_copy(schemas, path, shown))
         raise SchemaMissing(f"the kdg schema is not in {shown} (pending: {', '.join(pending)}); "
                             f"run: kdg db migrate --pg-dsn '{shown}'")
 
