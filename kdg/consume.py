@@ -14,7 +14,7 @@ from kdg.guarantees import CommitMode, policy_for
 from kdg.kafka.admin import topic_partitions
 from kdg.kafka.consumer import KdgConsumer, StartOffset
 from kdg.keys import KeyResolver
-from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, attempt_s, wait_until_up
 from kdg.mapping import Mapping
 from kdg.memory import CalmCollector
 from kdg.metrics import Metrics
@@ -208,7 +208,8 @@ def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metr
     resolver = KeyResolver(req.id_from, value_decoder(req) if req.id_from else None)
     bootstrap, extra = req.conn.bootstrap_servers, req.conn.extra
     metrics.not_ready = "waiting for Kafka"
-    partitions = wait_until_up("Kafka", lambda: topic_partitions(bootstrap, req.topic, extra),  # the topic must exist
+    partitions = wait_until_up("Kafka", lambda: topic_partitions(bootstrap, req.topic, extra,  # the topic must exist
+                                                                 attempt_s(req.wait_timeout, req.shutdown)),
                                req.wait_timeout, req.shutdown, req.notice)
     consumer = KdgConsumer(policy, bootstrap, req.group, extra, start, eof=req.exit_at_end)
     sink = None

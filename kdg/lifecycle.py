@@ -194,6 +194,14 @@ def _exit_now(text: str, signum: int) -> None:
     os._exit(128 + signum)
 
 
+def attempt_s(wait_timeout: float, shutdown: Shutdown | None = None) -> float:
+    """How long one start-up attempt to reach a server may block in a client call (which a signal does not cut
+    short): no longer than the whole wait (``--wait-timeout 0`` answers within a second), nor than half the
+    stop's deadline, so a SIGTERM meanwhile still ends in a clean stop; 1 to 10 s."""
+    limit = min(10.0, wait_timeout, shutdown.timeout / 2 if shutdown is not None else 10.0)
+    return max(1.0, limit)
+
+
 def wait_until_up(what: str, connect: Callable[[], T], timeout: float, shutdown: Shutdown | None = None,
                   notice: Callable[[str], None] = lambda text: None) -> T:
     """``connect()``, again with backoff while it raises a retriable :class:`ConnectionFailed`, for ``timeout`` s.

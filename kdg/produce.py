@@ -13,7 +13,7 @@ from kdg.errors import DeliveryError, KdgError, ProducerFatal, TransactionAborte
 from kdg.guarantees import policy_for
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.producer import DeliveryReports, KdgProducer, refusals_for_good, refused
-from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, attempt_s, wait_until_up
 from kdg.metrics import Metrics
 from kdg.records import ID_HEADER, SEQ_HEADER, Record, id_maker
 from kdg.retention import parse_retention
@@ -387,8 +387,10 @@ def _produce(req: ProduceRequest, policy, run_id, report: ProduceReport, metrics
     producer = KdgProducer(policy, req.conn.bootstrap_servers, req.conn.extra, transactional_id=txn_id, init=False,
                            every_report=req.ledger)
     metrics.not_ready = "waiting for Kafka"
+    attempt = attempt_s(req.wait_timeout, req.shutdown)
     wait_until_up("Kafka", lambda: ensure_topic(req.conn.bootstrap_servers, req.topic, partitions=req.partitions,
-                                                extra=req.conn.extra), req.wait_timeout, req.shutdown, req.notice)
+                                                extra=req.conn.extra, timeout=attempt),
+                  req.wait_timeout, req.shutdown, req.notice)
     producer.init()
     store = ledger = None
     if req.ledger:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Callable
 
 from kdg.errors import ConnectionFailed, DeliveryError, Interrupted, KdgError, UsageError
 from kdg.guarantees import CommitMode, policy_for
-from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, attempt_s, wait_until_up
 from kdg.retention import check_dedup_retention
 from kdg.settings import Connection, table_name
 from kdg.spark.ranges import Ranges, parse_bound, resolve_range
@@ -160,7 +160,8 @@ def _id_from(spec: str | None) -> tuple[str | None, str | None]:
 def _partitions(req: ReplayRequest) -> list[int]:
     from kdg.kafka.admin import topic_partitions
 
-    return topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra)
+    return topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra,
+                            attempt_s(req.wait_timeout, req.shutdown))
 
 
 def _resolve(req: ReplayRequest, isolation: str, start, end, store) -> Ranges:

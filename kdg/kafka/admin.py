@@ -77,11 +77,11 @@ def topic_partitions(bootstrap: str, topic: str, extra: dict | None = None, time
 
 
 def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 3, extra: dict | None = None,
-                 config: dict | None = None) -> bool:
+                 config: dict | None = None, timeout: float = 10) -> bool:
     """Create ``topic`` with the cluster's default replication if missing; True if created."""
     admin = admin_client(bootstrap, extra)
     try:
-        md = _metadata(admin)
+        md = _metadata(admin, timeout=timeout)
     except KafkaException as exc:
         raise _unreachable(admin, bootstrap, exc) from None
     if topic in md.topics and md.topics[topic].error is None:

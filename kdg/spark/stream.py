@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING, Callable
 from kdg import faults
 from kdg.errors import ConnectionFailed, DeliveryError, Fenced, UsageError
 from kdg.guarantees import CommitMode, policy_for
-from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, attempt_s, wait_until_up
 from kdg.retention import check_dedup_retention
 from kdg.settings import Connection, table_name
 
@@ -215,7 +215,8 @@ def run_spark_stream(req: StreamRequest) -> StreamReport:
 def _partitions(req: StreamRequest) -> list[int]:
     from kdg.kafka.admin import topic_partitions
 
-    return topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra)
+    return topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra,
+                            attempt_s(req.wait_timeout, req.shutdown))
 
 
 def _refuse_members(req: StreamRequest) -> None:
