@@ -11,7 +11,7 @@ from kdg.cli.options import (Bootstrap, ChunkRows, Columns, CreateTable, DedupRe
                              MappingFile, MetricsHost, MetricsPort, Mode, OnTombstone, PgDsn, Profile, Properties,
                              SchemaRegistry, ShutdownTimeout, SinkTable, SparkConf, SparkIdFrom, SparkMaster,
                              ValueFormat, WaitTimeout)
-from kdg.cli.render import console, err_console, key_value_table, print_json
+from kdg.cli.render import console, err_console, key_value_table, plain, print_json
 from kdg.errors import CheckFailed, UsageError
 
 GuaranteeOpt = Annotated[str, typer.Option(
@@ -541,7 +541,7 @@ def _show_audit(report, title: str) -> None:
         console.print(f"dead-lettered {n:>8}  {reason}", markup=False, highlight=False)
     for kind, ids in report.examples.items():
         if ids:
-            console.print(f"[warn]{kind}[/warn] e.g. {', '.join(ids)}")
+            console.print(f"[warn]{kind}[/warn] e.g. {plain(', '.join(ids))}")
 
 
 @app.command()
@@ -558,6 +558,7 @@ def doctor(
 ) -> None:
     """Check Java, the jars, brokers, TLS/SASL, the controller quorum, Postgres and the settings exactly-once needs."""
     from rich.table import Table
+    from rich.text import Text
 
     from kdg.doctor import run_doctor
 
@@ -571,7 +572,7 @@ def doctor(
         for col in ("check", "result", "detail"):
             table.add_column(col)
         for c in report.checks:
-            table.add_row(c.name, "[ok]ok[/ok]" if c.ok else "[bad]FAIL[/bad]", c.detail)
+            table.add_row(c.name, "[ok]ok[/ok]" if c.ok else "[bad]FAIL[/bad]", Text(c.detail))
         console.print(table)
     if not report.ok:
         raise CheckFailed("failed: " + ", ".join(c.name for c in report.checks if not c.ok))

@@ -4,6 +4,7 @@ from typing import Annotated, Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from kdg.cli.options import Json, PgDsn
 from kdg.cli.render import console, err_console, flag, print_json
@@ -45,7 +46,7 @@ def status(pg_dsn: PgDsn = None, as_json: Json = False) -> None:
     if as_json:
         print_json(report)
     else:
-        table = Table(title=f"kdg schema — {report.dsn}", title_justify="left")
+        table = Table(title=Text(f"kdg schema — {report.dsn}"), title_justify="left")
         for col in ("migration", "state", "applied at"):
             table.add_column(col)
         for m in report.migrations:
@@ -81,15 +82,15 @@ def maintain(
         console.print(change)
     for note in (note for m in report.windows for note in m.healed):
         err_console.print(f"warning: {note}", style="warn", markup=False, highlight=False)
-    shown = Table(title=f"kdg state windows — {report.dsn}", title_justify="left")
+    shown = Table(title=Text(f"kdg state windows — {report.dsn}"), title_justify="left")
     for col in ("claims of / ledger", "kept for", "partitions", "dropped now", "forgotten before (UTC)", "size"):
         shown.add_column(col)
     for m in report.windows:
         kept_for = show(m.retention_ms) if m.width_ms else "-"  # "-": a claim table dropped outside kdg, forgotten
-        shown.add_row(m.sink_table or "producer ledger", kept_for, str(m.kept), str(m.dropped),
+        shown.add_row(Text(m.sink_table or "producer ledger"), kept_for, str(m.kept), str(m.dropped),
                       _utc(m.horizon_ms), f"{m.bytes / 1e6:.1f} MB", style="warn" if m.skipped else None)
         if m.skipped:
-            shown.add_row(f"  skipped: {m.skipped}", "", "", "", "", "")
+            shown.add_row(Text(f"  skipped: {m.skipped}"), "", "", "", "", "")
     console.print(shown)
 
 

@@ -6,7 +6,9 @@ import sys
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 from rich.theme import Theme
 
 THEME = Theme({"ok": "green", "bad": "bold red", "warn": "yellow", "dim": "dim", "key": "cyan"})
@@ -33,9 +35,16 @@ def flag(ok: bool, yes: str = "up", no: str = "DOWN") -> str:
 
 
 def key_value_table(title: str, rows: dict[str, Any]) -> Table:
-    table = Table(title=title, show_header=False, title_justify="left")
+    """A report as a table; its title and values are shown as they are (a ``[`` in a key or a group name is
+    text, never rich markup)."""
+    table = Table(title=Text(title), show_header=False, title_justify="left")
     table.add_column(style="key")
     table.add_column()
     for k, v in rows.items():
-        table.add_row(k, str(v))
+        table.add_row(Text(k), Text(str(v)))
     return table
+
+
+def plain(text: str) -> str:
+    """``text`` (a name, a key, a DSN such as ``[::1]``'s) made safe to put inside a string with rich markup."""
+    return escape(text)
