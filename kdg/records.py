@@ -2,7 +2,9 @@
 
 import base64
 import json
+import re
 import secrets
+import string
 import struct
 import time
 from dataclasses import dataclass, field
@@ -133,11 +135,22 @@ def id_maker(template: str | None):
         return Uuid7Maker()
     try:
         template.format(seq=0)
-    except (KeyError, IndexError, ValueError) as exc:
+        fields = [(name, spec) for _, name, spec, _ in string.Formatter().parse(template) if name is not None]
+    except (KeyError, IndexError, ValueError, AttributeError, TypeError) as exc:
         raise UsageError(f"--id {template!r}: a template may only use {{seq}} ({exc})") from None
-    if "{seq" not in template:
+    if not fields:
         raise UsageError(f"--id {template!r} must contain {{seq}}, or every record would share one key")
+    for name, spec in fields:
+        # the key must differ for every seq: {seq} as an integer, padded or in another base, never rounded
+        if name != "seq" or not _INTEGER_SPEC.match(spec or ""):
+            raise UsageError(f"--id {template!r}: {{{name}{':' + spec if spec else ''}}} could give two records "
+                             "one key; write {seq} or an integer format of it ({seq:08d}, {seq:x})")
     return TemplateMaker(template)
+
+
+# an integer's format spec that keeps every value apart: fill, align, sign, #, width, grouping, a base; no
+# precision and no float or character presentation (``{seq:.0e}`` makes 10 and 11 both ``1e+01``)
+_INTEGER_SPEC = re.compile(r"^(?:.?[<>=^])?[+\- ]?#?0?\d*[,_]?[bdoxXn]?$")
 
 
 @dataclass(slots=True)

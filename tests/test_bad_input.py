@@ -93,6 +93,9 @@ ROWS = [
     bad("produce-bad-header", "produce", "{new}", "--count", "3", "-H", "novalue", says="-H"),
     bad("produce-id-without-seq", "produce", "{new}", "--count", "3", "--id", "order", says="{seq}"),
     bad("produce-id-unknown-field", "produce", "{new}", "--count", "3", "--id", "order-{n}", says="--id"),
+    # templates whose keys repeat: exactly-once would keep one record of each key and the audit see nothing amiss
+    bad("produce-id-rounded", "produce", "{new}", "--count", "20", "--id", "o-{seq:.0e}", says="one key"),
+    bad("produce-id-attribute", "produce", "{new}", "--count", "20", "--id", "o-{seq.imag}", says="one key"),
     bad("produce-count-not-a-number", "produce", "{new}", "--count", "abc", says="Invalid value", typer=True),
     # -- consume ---------------------------------------------------------------------------------
     bad("consume-unknown-property", "consume", "{src}", "-G", "{group}", "-e", "-X", "lingerx.ms=5", says="lingerx.ms"),
