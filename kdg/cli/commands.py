@@ -178,6 +178,13 @@ def produce(
                ("--partitions", partitions, 1))
     _check_lifecycle(shutdown_timeout, wait_timeout, metrics_port)
     id_maker(id_template)  # a bad --id template is refused before the topic is created
+    if rate is not None and not 0 < rate < float("inf"):
+        raise UsageError(f"--rate {rate:g}: give records per second, more than 0")
+    if file is not None and (count is not None or rate is not None):
+        raise UsageError("--count and --rate make synthetic records; --file sends the file's lines: give one or the "
+                         "other")
+    if count is not None and fmt == "json":
+        raise UsageError("--format json reads envelopes from --file or stdin; --count makes synthetic records")
     endless = count is None and rate is not None and file is None
     conn = _conn(bootstrap, pg_dsn, props, profile, schema_registry)
     # the schema is registered before anything is sent (a stop meanwhile ends kdg at once: nothing to finish)
@@ -486,7 +493,13 @@ def _moment(text: str | None, option: str):
 
     from kdg.spark.ranges import parse_timestamp
 
-    return None if text is None else datetime.fromtimestamp(parse_timestamp(text, option) / 1000, timezone.utc)
+    if text is None:
+        return None
+    ms = parse_timestamp(text, option)
+    try:
+        return datetime.fromtimestamp(ms / 1000, timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        raise UsageError(f"{option} {text}: outside the years 1 to 9999") from None
 
 
 @app.command()

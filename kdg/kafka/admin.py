@@ -1,11 +1,12 @@
 """Admin operations kdg needs: wait for brokers, create and describe topics, read watermarks."""
 
+import re
 import time
 
 from confluent_kafka import IsolationLevel, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic, OffsetSpec
 
-from kdg.errors import ConnectionFailed, DeliveryError, UnknownTopic
+from kdg.errors import ConnectionFailed, DeliveryError, UnknownTopic, UsageError
 from kdg.kafka.access import check, raise_queued
 from kdg.kafka.clients import admin_client, reader
 
@@ -76,9 +77,14 @@ def topic_partitions(bootstrap: str, topic: str, extra: dict | None = None, time
     return sorted(t.partitions)
 
 
+_TOPIC_NAME = re.compile(r"^[a-zA-Z0-9._-]{1,249}$")  # Kafka's own rule (Topic.validate)
+
+
 def ensure_topic(bootstrap: str, topic: str, *, partitions: int = 3, extra: dict | None = None,
                  config: dict | None = None, timeout: float = 10) -> bool:
     """Create ``topic`` with the cluster's default replication if missing; True if created."""
+    if not _TOPIC_NAME.match(topic) or topic in (".", ".."):
+        raise UsageError(f"topic {topic!r}: a Kafka topic name is 1 to 249 of a-z, A-Z, 0-9, '.', '_' and '-'")
     admin = admin_client(bootstrap, extra)
     try:
         md = _metadata(admin, timeout=timeout)
