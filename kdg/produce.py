@@ -470,6 +470,9 @@ def _send_plain(req, producer, outcomes, make_id, report) -> None:
         if stop_requested() and not report.interrupted:  # the input ended because of it (stdin at a terminal)
             _stopped(req, report)
         remaining = producer.flush(30 if report.interrupted else 120)
+    except Exception:  # a bad line or a refused record mid-input: what was sent before it is delivered and
+        producer.flush(30)  # settled first, so the ledger holds every record Kafka does
+        raise
     finally:
         outcomes.settle(producer, reports, report.sent)
     if remaining and not report.interrupted:

@@ -40,18 +40,31 @@ def _open_lines(path: Path | None) -> Iterator[tuple[str, str]]:
                     line = next(lines)
             except (StopIteration, StopRequested):
                 return
+            except UnicodeDecodeError:
+                raise UsageError(f"<stdin>:{n + 1}: not UTF-8 text") from None
             n += 1
-            yield f"<stdin>:{n}", line.rstrip("\n")
+            if not line.isascii():  # bytes the locale let through as surrogates cannot be sent as UTF-8
+                try:
+                    line.encode("utf-8")
+                except UnicodeEncodeError:
+                    raise UsageError(f"<stdin>:{n}: not UTF-8 text") from None
+            yield f"<stdin>:{n}", _line(line)
     try:
-        handle = open(path, encoding="utf-8")
+        handle = open(path, encoding="utf-8", newline="\n")  # a lone CR is part of its line, as on stdin
     except OSError as exc:
         raise UsageError(f"cannot read {path}: {exc.strerror}") from None
     with handle:
         try:
             for n, line in enumerate(handle, 1):
-                yield f"{path}:{n}", line.rstrip("\n")
+                yield f"{path}:{n}", _line(line)
         except UnicodeDecodeError as exc:
             raise UsageError(f"{path}: not UTF-8 text ({exc})") from None
+
+
+def _line(line: str) -> str:
+    """A line without its end: LF, or CR LF (a file written on Windows), from a file and stdin alike."""
+    line = line[:-1] if line.endswith("\n") else line
+    return line[:-1] if line.endswith("\r") else line
 
 
 def text_lines(path: Path | None, opts: LineOptions) -> Iterator[Record]:
@@ -76,9 +89,10 @@ def envelopes(path: Path | None, opts: LineOptions) -> Iterator[Record]:
         yield rec
 
 
-def validate_file(path: Path, reader) -> int:
-    """Read a whole input file once before sending anything, so a bad line loses nothing."""
-    return sum(1 for _ in reader(path, LineOptions()))
+def validate_file(path: Path, reader, opts: LineOptions | None = None) -> int:
+    """Read a whole input file once before sending anything, with the command's options (a ``-K`` delimiter a
+    line lacks), so a bad line loses nothing."""
+    return sum(1 for _ in reader(path, opts or LineOptions()))
 
 
 def synthetic(count: int | None, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:

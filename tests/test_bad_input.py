@@ -341,3 +341,22 @@ def test_audit_of_a_topic_never_produced_is_balanced(kdg):
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["acked"] == 0 and report["balanced"]
+
+
+def test_a_bad_line_mid_stdin_stops_after_what_was_sent_is_in_the_ledger(kdg, conn):
+    """Lines read from stdin go out as they come, so a bad one is found after others were sent: those are
+    delivered and written to the ledger before kdg stops (they were in Kafka and missing from the ledger, and
+    the audit called them unexpected)."""
+    topic = f"bad-{uuid.uuid4().hex[:10]}"
+    proc = kdg("produce", topic, "-K", "|", stdin="k1|a\nk2|b\nno delimiter\nk3|c\n", check=False)
+    assert proc.returncode == 2 and "<stdin>:3: no key delimiter" in proc.stderr, proc.stderr
+    assert _records(conn, topic) == 2
+
+    async def acked() -> int:  # kdg_ledger_keys: a key per record, whether the ledger keeps rows or ranges
+        db = await asyncpg.connect(conn.pg_dsn)
+        try:
+            return await db.fetchval("SELECT count(*) FROM kdg_ledger_keys WHERE topic = $1 AND status = 'acked'",
+                                     topic)
+        finally:
+            await db.close()
+    assert asyncio.run(acked()) == 2

@@ -201,7 +201,7 @@ def produce(
             # validated with the command's own options: the value to encode is what follows a -K delimiter
             reader = lambda path, _opts: encoded(plain(path, opts), encode, value_format)  # noqa: E731
         if file is not None:
-            sources.validate_file(file, reader)  # a bad line is reported before anything is sent
+            sources.validate_file(file, reader, opts)  # a bad line is reported before anything is sent
         records = reader(file, opts)
     # chunks never hold a record back: a synthetic load hands out only what is due at its --rate
     # (SyntheticLoad.take); standard input, and -H headers at a --rate, go one record at a time
