@@ -5,7 +5,7 @@ import uuid
 from bisect import bisect_left
 from collections import Counter
 from dataclasses import asdict, dataclass, field
-from itertools import islice, repeat
+from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Callable, Iterable
 
@@ -342,7 +342,13 @@ class _Input:
         if self._take is not None:
             columns = self._take(n)
             return Chunk(*columns) if columns is not None else None
-        recs = list(islice(self._records, n))
+        recs = []
+        for rec in self._records:
+            if rec is None:  # the input is idle (stdin): what came so far, even nothing, is handed over now
+                return Chunk.of(recs)
+            recs.append(rec)
+            if len(recs) >= n:
+                break
         return Chunk.of(recs) if recs else None
 
 
@@ -450,6 +456,11 @@ def _send_plain(req, producer, outcomes, make_id, report) -> None:
             if stop_requested():
                 _stopped(req, report)
                 break
+            if not chunk:  # the input is idle: deliveries are settled and the ledger kept current meanwhile
+                producer.poll(0)
+                if reports is not None and time.monotonic() >= outcomes.due:
+                    outcomes.settle(producer, reports, report.sent)
+                continue
             chunk.stamp(report.sent, make_id)
             try:
                 chunk.send(producer, topic, reports)
@@ -496,6 +507,10 @@ def _send_transactional(req, producer, outcomes, make_id, report) -> None:
         chunk = source.take(req.txn_size - txn.size)  # a chunk never spans two transactions
         if chunk is None:
             break
+        if not chunk:  # the input is idle (stdin): the open transaction still commits within --txn-interval-ms
+            if txn.size and time.monotonic() >= txn.deadline:
+                txn.commit()
+            continue
         chunk.stamp(taken, make_id)
         taken += len(chunk)
         txn.add(chunk)

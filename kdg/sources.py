@@ -1,6 +1,7 @@
 """Where `kdg produce` gets records: text lines, kdg JSON envelopes, or synthetic load."""
 
 import os
+import select
 import sys
 import time
 from dataclasses import dataclass, field
@@ -30,9 +31,22 @@ def parse_headers(items: list[str]) -> list[tuple[str, bytes]]:
     return headers
 
 
-def _open_lines(path: Path | None) -> Iterator[tuple[str, str]]:
-    """``(where, line)`` pairs; a file is checked to be readable up front."""
+IDLE_S = 0.1  # stdin quiet this long: the reader hands over an IDLE, so the producer can commit and settle
+IDLE = None   # what a reader yields for it, in place of a record
+
+
+def _open_lines(path: Path | None) -> Iterator[tuple[str, str] | tuple[None, None]]:
+    """``(where, line)`` pairs; a file is checked to be readable up front. From stdin, ``(None, None)`` each
+    :data:`IDLE_S` no line comes: a producer waiting for its input still commits its open transaction (which
+    Kafka would otherwise time out, and fence) and writes its ledger."""
     if path is None:
+        try:
+            fd = sys.stdin.fileno()
+        except (AttributeError, OSError, ValueError):  # not a file (a library caller's own stream)
+            fd = None
+        if fd is not None:
+            yield from _stdin_lines(fd)
+            return
         lines, n = iter(sys.stdin), 0
         while True:
             try:
@@ -61,14 +75,45 @@ def _open_lines(path: Path | None) -> Iterator[tuple[str, str]]:
             raise UsageError(f"{path}: not UTF-8 text ({exc})") from None
 
 
+def _stdin_lines(fd: int) -> Iterator[tuple[str, str] | tuple[None, None]]:
+    """Lines of ``fd`` as they arrive, read in blocks of bytes (nothing else reads stdin); an IDLE pair for each
+    :data:`IDLE_S` of quiet. A stop signal while waiting ends the input (:func:`interruptible_read`)."""
+    pending, n = b"", 0
+    while True:
+        try:
+            with interruptible_read():  # Ctrl-C at a terminal waiting for a line ends the input
+                data = os.read(fd, 1 << 16) if select.select([fd], [], [], IDLE_S)[0] else None
+        except StopRequested:
+            return
+        if data is None:
+            yield None, None  # (never inside interruptible_read: the producer's client calls run meanwhile)
+            continue
+        if data:
+            *lines, pending = (pending + data).split(b"\n")
+        else:  # the end: a last line without its LF is a line too
+            lines, pending = [pending] if pending else [], b""
+        for raw in lines:
+            n += 1
+            try:
+                text = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UsageError(f"<stdin>:{n}: not UTF-8 text") from None
+            yield f"<stdin>:{n}", _line(text)
+        if not data:
+            return
+
+
 def _line(line: str) -> str:
     """A line without its end: LF, or CR LF (a file written on Windows), from a file and stdin alike."""
     line = line[:-1] if line.endswith("\n") else line
     return line[:-1] if line.endswith("\r") else line
 
 
-def text_lines(path: Path | None, opts: LineOptions) -> Iterator[Record]:
+def text_lines(path: Path | None, opts: LineOptions) -> Iterator[Record | None]:
     for where, line in _open_lines(path):
+        if where is None:
+            yield IDLE
+            continue
         key = opts.key.encode() if opts.key is not None else None
         value = line
         if opts.key_delimiter:
@@ -81,6 +126,9 @@ def text_lines(path: Path | None, opts: LineOptions) -> Iterator[Record]:
 
 def envelopes(path: Path | None, opts: LineOptions) -> Iterator[Record]:
     for where, line in _open_lines(path):
+        if where is None:
+            yield IDLE
+            continue
         if not line.strip():
             continue
         rec = from_envelope(line, where)
@@ -92,7 +140,7 @@ def envelopes(path: Path | None, opts: LineOptions) -> Iterator[Record]:
 def validate_file(path: Path, reader, opts: LineOptions | None = None) -> int:
     """Read a whole input file once before sending anything, with the command's options (a ``-K`` delimiter a
     line lacks), so a bad line loses nothing."""
-    return sum(1 for _ in reader(path, opts or LineOptions()))
+    return sum(1 for rec in reader(path, opts or LineOptions()) if rec is not IDLE)
 
 
 def synthetic(count: int | None, size: int, rate: float | None, opts: LineOptions) -> Iterator[Record]:

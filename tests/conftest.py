@@ -284,9 +284,9 @@ def kdg_spawn(stack):
     """Start the real `kdg` command line against the test's stack and return at once: a ``Popen`` with
     text stdout and stderr pipes (the caller waits, signals or kills it)."""
 
-    def spawn(*args, env: dict | None = None) -> subprocess.Popen:
+    def spawn(*args, env: dict | None = None, stdin=None) -> subprocess.Popen:
         return subprocess.Popen([sys.executable, "-m", "kdg", *map(str, args)], stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, env=_kdg_env(stack, env))
+                                stderr=subprocess.PIPE, stdin=stdin, text=True, env=_kdg_env(stack, env))
 
     return spawn
 

@@ -3,6 +3,7 @@
 import json
 import re
 import signal
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -426,3 +427,20 @@ def test_a_producer_dead_of_a_renewable_fatal_error_is_replaced_and_its_transact
     with pytest.raises(ProducerFatal, match="took this transactional.id over") as refused:
         raise commits[0][0]._fatal_error("commit_transaction", fenced)
     assert not refused.value.renewable
+
+
+def test_lines_on_an_open_stdin_commit_without_waiting_for_the_next_line(kdg, kdg_spawn, topic, group):
+    """`tail -f log | kdg produce -g exactly-once`: the transaction holding the lines read so far commits within
+    --txn-interval-ms while stdin stays open and quiet. It used to stay open until the next line came, so a
+    read_committed consumer saw nothing, and a pause past Kafka's transaction timeout lost the lines."""
+    producer = kdg_spawn("produce", topic, "-g", "exactly-once", "--json", stdin=subprocess.PIPE)
+    try:
+        producer.stdin.write("first\nsecond\n")
+        producer.stdin.flush()
+        seen = as_json(kdg("consume", topic, "-G", group, "-g", "exactly-once", "-c", 2, "--idle-timeout", 20,
+                           "--json"))
+        assert (seen["consumed"], seen["stopped_by"]) == (2, "count"), seen  # while stdin is still open
+    finally:
+        out, err = producer.communicate(timeout=60)  # closes stdin: the input ends
+    assert producer.returncode == 0, err
+    assert json.loads(out)["sent"] == 2

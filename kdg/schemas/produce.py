@@ -36,7 +36,12 @@ def encoder_for(fmt: str, schema_path: Path, topic: str, registry_settings: dict
 def encoded(records, encode, fmt: str):
     """``records`` with each value (a JSON document) encoded; a line that is not JSON, or that the schema does
     not fit, is a usage error naming its place (tombstones stay tombstones)."""
-    for number, rec in enumerate(records, 1):
+    number = 0
+    for rec in records:
+        if rec is None:  # the input is idle (kdg.sources.IDLE)
+            yield rec
+            continue
+        number += 1
         if rec.value is not None:
             try:
                 rec.value = encode(rec.value)
