@@ -15,6 +15,7 @@ from kdg.sinks.dead_letters import REASON_HEADER, SQLSTATE_HEADER, dlq_topic
 
 EXAMPLES = 5
 IDLE_LIMIT_S = 15  # an open transaction can hold read_committed readers back; do not wait forever
+OPEN_TXN_WAIT_S = 10.0  # how long an open transaction in a topic the audit reads is waited for
 
 
 @dataclass
@@ -211,11 +212,11 @@ def iter_topic_headers(bootstrap: str, topic: str, extra: dict, names: tuple[str
     from confluent_kafka import KafkaError, TopicPartition
 
     from kdg.kafka.access import check
-    from kdg.kafka.admin import topic_partitions, watermarks
+    from kdg.kafka.admin import topic_partitions
     from kdg.kafka.clients import reader
 
     try:
-        ends = watermarks(bootstrap, topic, extra)
+        ends = _stable_ends(bootstrap, topic, extra)
     except UnknownTopic:  # nothing was written to it
         return
     consumer = reader(bootstrap, extra, group="kdg-audit")
@@ -250,6 +251,29 @@ def iter_topic_headers(bootstrap: str, topic: str, extra: dict, names: tuple[str
                                    f"(partitions {sorted(todo)} stopped short); nothing was counted")
     finally:
         consumer.close()
+
+
+def _stable_ends(bootstrap: str, topic: str, extra: dict) -> dict[int, tuple[int, int]]:
+    """``topic``'s watermarks as read_committed sees them, once no transaction is open in it (waited for up to
+    :data:`OPEN_TXN_WAIT_S`). Committed records after an open transaction cannot be read until it ends (a
+    writer killed mid-transaction holds it open until Kafka times it out): a count made then would call them
+    lost, so it is a :class:`ConnectionFailed` (exit 5) instead."""
+    from kdg.kafka.admin import high_watermarks, watermarks
+
+    deadline = time.monotonic() + OPEN_TXN_WAIT_S
+    while True:
+        ends = watermarks(bootstrap, topic, extra)
+        highs = high_watermarks(bootstrap, topic, extra)
+        held = {p: stable for p, (_, stable) in ends.items() if stable < highs.get(p, stable)}
+        if not held:
+            return ends
+        if time.monotonic() >= deadline:
+            shown = ", ".join(f"{p} from offset {offset}" for p, offset in sorted(held.items()))
+            raise ConnectionFailed(
+                f"{topic!r} has a transaction open (partition {shown}) after {OPEN_TXN_WAIT_S:g} s: its writer is "
+                "still writing, or died mid-transaction and Kafka aborts it after its transaction.timeout.ms. "
+                "Records committed after it cannot be read yet, so nothing was counted; audit again once it ends")
+        time.sleep(0.5)
 
 
 def _text(value: bytes | None) -> str | None:

@@ -85,6 +85,30 @@ def test_round_trip_through_kafka_sink(kdg, topic, group, guarantee):
     assert (audit["acked"], audit["processed_unique"], audit["lost"], audit["duplicates"]) == (2000, 2000, 0, 0)
 
 
+def test_an_output_topic_with_a_transaction_left_open_is_not_counted_as_lost(kdg, conn, topic, group):
+    """A writer of the output topic that died inside a transaction holds it open until Kafka times it out, and
+    records committed after it cannot be read meanwhile. The audit called them lost (exit 7); it now says why
+    it cannot count (exit 5)."""
+    from confluent_kafka import Producer
+
+    out = f"{topic}-out"
+    kdg("produce", topic, "-g", "exactly-once", "--count", 2000, "--json")
+    sink = ("-G", group, "-g", "exactly-once", "--sink", f"kafka:{out}", "--json")
+    assert as_json(kdg("consume", topic, *sink, "-c", 1000))["consumed"] == 1000
+    dead = Producer({"bootstrap.servers": conn.bootstrap_servers, "transactional.id": f"dead-{out}",
+                     "transaction.timeout.ms": 120_000})
+    dead.init_transactions(30)
+    dead.begin_transaction()
+    dead.produce(out, b"left open")
+    assert dead.flush(30) == 0  # written, never committed nor aborted: as a writer SIGKILLed mid-transaction leaves it
+    assert as_json(kdg("consume", topic, *sink, "-e"))["consumed"] == 1000  # the rest, committed after it
+    proc = kdg("audit", topic, "--sink", f"kafka:{out}", "-G", group, "--json", check=False)
+    assert proc.returncode == 5 and "has a transaction open" in proc.stderr, (proc.returncode, proc.stderr)
+    dead.abort_transaction(30)
+    audit = audited(kdg, topic, "--sink", f"kafka:{out}", "-G", group)
+    assert (audit["processed_unique"], audit["lost"], audit["duplicates"]) == (2000, 0, 0), audit
+
+
 def test_envelopes_replay_with_the_same_ids(kdg, topic, group):
     kdg("produce", topic, "-g", "exactly-once", "--json", stdin="alpha\nbeta\ngamma\n")
     lines = kdg("consume", topic, "-G", group, "--sink", "stdout", "--format", "json", "-e").stdout.splitlines()
