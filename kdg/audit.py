@@ -318,6 +318,8 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
             base.basis = "output topic"
         else:
             identity = store.resolve_table(spelled)  # the key its claims were made under
+            if not store.fetchval("SELECT to_regclass($1) IS NOT NULL", identity.sql):
+                raise UsageError(f"table {identity.text} does not exist: --table names the table the consumer wrote")
             got, sink_arg, kdg_shaped = _sink_keys(store, identity, topic, base)
             rows_table, shown = identity.sql if kdg_shaped else None, identity.text
             claims_horizon = _claims_horizon(store, identity)

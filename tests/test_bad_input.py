@@ -187,6 +187,7 @@ ROWS = [
     bad("audit-unknown-property", "audit", "{src}", "-X", "lingerx.ms=5", says="lingerx.ms"),
     bad("audit-mistyped-value", "audit", "{src}", "-X", "fetch.max.bytes=abc", says="fetch.max.bytes"),
     bad("audit-transactional-id", "audit", "{src}", "-X", "transactional.id=x", says="transactional.id"),
+    bad("audit-no-such-table", "audit", "{src}", "--table", "no_such_table_here", says="does not exist"),
     bad("audit-since-out-of-range", "audit", "{src}", "--since", "99999999999999999", says="--since"),
     bad("audit-malformed-X", "audit", "{src}", "-X", "novalue", says="novalue"),
     bad("audit-sink", "audit", "{src}", "--sink", "nowhere", says="--sink"),
