@@ -30,6 +30,8 @@ class AuditReport:
     dead_lettered: int = 0      # distinct keys in the dead-letter topic
     lost: int = 0               # acked, neither in the sink nor dead-lettered, and the group's position passed it
     pending: int = 0            # acked, not in the sink yet, at or after the group's position: not read yet
+    written_by_other_groups: int = 0  # acked, passed, not written by this group but by another into the same
+                                      # table (exactly-once groups share its claims): not lost
     duplicates: int = 0         # rows beyond the first per key
     unexpected: int = 0         # keys in the sink the ledger never acked
     outside_window: int = 0     # keys left out: their ledger row (or claim) expired, or outside --since/--until
@@ -80,7 +82,7 @@ _KEYS = """CREATE TEMP TABLE {name} (idempotency_key text NOT NULL)"""
 # UUIDv7's) is below the horizon, or it was read from before the ledger's first kept offset.
 # ``beyond``: a key written more than once whose time is below that horizon: a duplicate exactly-once
 # could no longer recognise (its first claim had expired), counted apart from the duplicates.
-_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq, passed, p, outside, beyond)
+_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq, passed, p, outside, beyond, elsewhere)
 WITH led AS (SELECT l.idempotency_key, bool_or(l.status <> 'failed') AS ok, min(l."partition") AS p,
                     bool_or(l.status <> 'failed' AND CASE WHEN NOT $2 THEN true
                                                           WHEN pos.next_offset IS NULL THEN false
@@ -95,7 +97,8 @@ WITH led AS (SELECT l.idempotency_key, bool_or(l.status <> 'failed') AS ok, min(
      arg AS (SELECT $7::text AS sink_arg),  -- typed here, so a got query may use $7 or not
      kept AS (SELECT "partition", min("offset") AS first FROM kdg_ledger
               WHERE $5::bigint IS NOT NULL AND topic = $1 AND "offset" IS NOT NULL GROUP BY "partition"),
-     dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dead)
+     dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dead),
+     elsewhere AS ({elsewhere})
 SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false), coalesce(led.passed, true), led.p,
        CASE WHEN led.idempotency_key IS NOT NULL
             THEN NOT led.inside OR coalesce($8 AND got.n IS NULL AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6,
@@ -103,9 +106,16 @@ SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false), coalesce(l
             ELSE coalesce(kdg_key_ms(idempotency_key) < $5, false) OR coalesce(got.go < kept.first, false)
                  OR coalesce(to_timestamp(kdg_key_ms(idempotency_key) / 1000.0) < $3, false)
                  OR coalesce(to_timestamp(kdg_key_ms(idempotency_key) / 1000.0) >= $4, false) END,
-       coalesce(got.n > 1 AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6, false)
+       coalesce(got.n > 1 AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6, false),
+       elsewhere.idempotency_key IS NOT NULL
 FROM led FULL JOIN got USING (idempotency_key) LEFT JOIN dead USING (idempotency_key)
-     LEFT JOIN kept ON kept."partition" = got.gp"""
+     LEFT JOIN elsewhere USING (idempotency_key) LEFT JOIN kept ON kept."partition" = got.gp"""
+# ``elsewhere``: keys another group wrote into the same kdg-shaped table. Exactly-once groups share a table's
+# claims, so a group skips (as duplicates) what another wrote first: such a key, passed and not written by
+# the audited group, is counted apart, not lost (a group renamed, or two feeding one table)
+_ELSEWHERE = """SELECT DISTINCT idempotency_key FROM {table}
+                WHERE topic = $1 AND $7::text IS NOT NULL AND consumer_group <> $7"""
+_NOWHERE = "SELECT NULL::text AS idempotency_key WHERE false"
 
 # each got query: a key, its rows, and (where known) the partition and offset it was read from
 _GOT_PG = """SELECT idempotency_key, count(*) AS n, min("partition") AS gp, min("offset") AS go FROM {table}
@@ -135,7 +145,8 @@ KEYED_NOTE = ("counted from the table's idempotency_key column: an upsert keeps 
               "audit upsert tables written under exactly-once (kdg_dedup claims)")
 
 # One definition of each discrepancy, for the counts and for the example keys alike.
-_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq AND passed AND NOT outside",
+_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq AND passed AND NOT outside AND NOT elsewhere",
+             "written_by_other_groups": "ok AND n IS NULL AND NOT dlq AND passed AND NOT outside AND elsewhere",
              "pending": "ok AND n IS NULL AND NOT dlq AND NOT passed AND NOT outside",
              "duplicated": "n > 1 AND NOT outside AND NOT beyond",
              "duplicated_beyond_dedup_window": "beyond AND NOT outside",
@@ -148,6 +159,7 @@ _TOTALS = f"""SELECT count(*) FILTER (WHERE ok AND NOT outside) AS acked,
                      coalesce(sum(n) FILTER (WHERE NOT outside), 0)::bigint AS rows,
                      count(*) FILTER (WHERE {_EXAMPLES["lost"]}) AS lost,
                      count(*) FILTER (WHERE {_EXAMPLES["pending"]}) AS pending,
+                     count(*) FILTER (WHERE {_EXAMPLES["written_by_other_groups"]}) AS written_by_other_groups,
                      coalesce(sum(n - 1) FILTER (WHERE NOT outside AND NOT beyond), 0)::bigint AS duplicates,
                      coalesce(sum(n - 1) FILTER (WHERE beyond AND NOT outside), 0)::bigint
                          AS duplicates_beyond_dedup_window,
@@ -327,7 +339,8 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
         for standing in standings(store, conn, topic, group, rows_table=rows_table, sink=shown):
             report = replace(base, group=standing.rows_of, positions_of=standing.positions_of)
             known = load_positions(store, standing.next_offsets)
-            _count(store, report, _JOIN.format(got=got), topic, known, since, until, ledger_horizon, claims_horizon,
+            elsewhere = _ELSEWHERE.format(table=rows_table) if rows_table is not None else _NOWHERE
+            _count(store, report, _JOIN.format(got=got, elsewhere=elsewhere), topic, known, since, until, ledger_horizon, claims_horizon,
                    standing.rows_of if rows_table is not None else sink_arg, "kdg_dedup claims" in report.basis)
             reports.append(report)
     return GroupAudits(reports)
@@ -337,7 +350,7 @@ def _count(store, report: AuditReport, join: str, *args) -> None:
     """Run ``join`` with ``args`` (:data:`_JOIN`'s $1…$8) into a fresh ``kdg_audit``; fill ``report``'s counts."""
     store.execute("DROP TABLE IF EXISTS kdg_audit")
     store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int, "
-                  "outside boolean NOT NULL, beyond boolean NOT NULL)")
+                  "outside boolean NOT NULL, beyond boolean NOT NULL, elsewhere boolean NOT NULL)")
     store.execute(join, *args)
     for name, value in store.fetch(_TOTALS)[0].items():
         setattr(report, name, value)

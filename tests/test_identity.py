@@ -33,6 +33,9 @@ def test_three_spellings_of_one_table_write_each_record_once(kdg, topic):
     assert [r["duplicates_suppressed"] for r in reports] == [0, N, N], reports
     audit = audited(kdg, topic, "--table", spellings[2], "-G", f"g0-{topic}")
     assert (audit["rows"], audit["processed_unique"], audit["duplicates"], audit["lost"]) == (N, N, 0, 0), audit
+    # a later group wrote nothing: every record it read was in the table already, not lost (it was called so)
+    later = audited(kdg, topic, "--table", spellings[1], "-G", f"g1-{topic}")
+    assert (later["rows"], later["lost"], later["written_by_other_groups"], later["balanced"]) == (0, 0, N, True), later
 
 
 def test_one_spelling_under_two_search_paths_is_two_tables(kdg, conn, topic):

@@ -69,7 +69,8 @@ def test_audit_counts_every_kind_of_discrepancy(kdg, topic, group, conn):
     counts = {k: audit[k] for k in ("acked", "failed", "processed_unique", "rows", "lost", "duplicates", "unexpected")}
     assert counts == {"acked": 10, "failed": 1, "processed_unique": 10, "rows": 12, "lost": 1, "duplicates": 2,
                       "unexpected": 1}
-    assert audit["examples"] == {"lost": [f"{topic}-3"], "pending": [], "duplicated": [f"{topic}-5"],
+    assert audit["examples"] == {"lost": [f"{topic}-3"], "written_by_other_groups": [], "pending": [],
+                                 "duplicated": [f"{topic}-5"],
                                  "duplicated_beyond_dedup_window": [], "unexpected": [f"{topic}-stranger"],
                                  "outside_window": []}  # nothing expired: no window to fall out of
     assert (audit["outside_window"], audit["duplicates_beyond_dedup_window"]) == (0, 0)
