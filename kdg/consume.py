@@ -211,7 +211,9 @@ def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metr
     partitions = wait_until_up("Kafka", lambda: topic_partitions(bootstrap, req.topic, extra,  # the topic must exist
                                                                  attempt_s(req.wait_timeout, req.shutdown)),
                                req.wait_timeout, req.shutdown, req.notice)
-    consumer = KdgConsumer(policy, bootstrap, req.group, extra, start, eof=req.exit_at_end)
+    # a member killed inside a Kafka sink's transaction holds the group's offsets until Kafka aborts it: waited for
+    consumer = KdgConsumer(policy, bootstrap, req.group, extra, start, eof=req.exit_at_end,
+                           offsets_wait_s=max(30.0, req.wait_timeout), stop=req.shutdown.check)
     sink = None
     try:
         dlq = DeadLetterQueue(policy, bootstrap, req.topic, extra)

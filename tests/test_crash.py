@@ -108,3 +108,17 @@ def test_bad_input_file_sends_nothing(kdg, topic, tmp_path):
     proc = kdg("produce", topic, "--format", "json", "--file", src, check=False)
     assert proc.returncode == 2 and "broken.jsonl:2" in proc.stderr
     assert audited(kdg, topic)["acked"] == 0
+
+
+def test_a_kafka_sink_killed_in_its_transaction_restarts_with_its_default_transactional_id(kdg, topic, group):
+    """Without --transactional-id a Kafka sink's id holds its pid, so the next run does not fence the dead
+    member's transaction, and the group's offsets stay unstable until Kafka aborts it (its 30 s timeout). The
+    restart used to give up reading them after 30 s (exit 6); it waits, within --wait-timeout."""
+    kdg("produce", topic, "-g", "exactly-once", "--count", N, "--size", 50, "--json")
+    sink = f"kafka:{topic}-out"
+    args = ["consume", topic, "-G", group, "-g", "exactly-once", "--sink", sink, "--batch-size", BATCH, "-e", "--json"]
+    crashed = kdg(*args, env={"KDG_FAULT": "after-process-before-commit@3"}, check=False)
+    assert crashed.returncode == -signal.SIGKILL, f"the fault did not fire: {crashed.stderr}"
+    kdg(*args)
+    audit = audited(kdg, topic, "--sink", sink)
+    assert (audit["lost"], audit["duplicates"], audit["unexpected"], audit["processed_unique"]) == (0, 0, 0, N), audit

@@ -1,6 +1,7 @@
 """The one module that owns confluent-kafka's Consumer: config from the policy, batches, offsets, rebalances."""
 
 import time
+from typing import Callable
 
 from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaError, KafkaException, Message, TopicPartition
 
@@ -8,6 +9,7 @@ from kdg.errors import DeliveryError, UsageError
 from kdg.guarantees import DeliveryPolicy
 from kdg.kafka.access import check
 from kdg.kafka.clients import Role, client_config, new_consumer
+from kdg.lifecycle import StopRequested
 
 _REBALANCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
                KafkaError.FENCED_INSTANCE_ID, KafkaError._ASSIGNMENT_LOST, KafkaError._NO_OFFSET}
@@ -22,12 +24,14 @@ _TRANSIENT = {KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRES
               KafkaError._WAIT_COORD}
 
 
-def committed_offsets(consumer, topic: str, partitions: list[int], give_up_after: float = 30) -> dict[int, int | None]:
+def committed_offsets(consumer, topic: str, partitions: list[int], give_up_after: float = 30,
+                      stop: Callable[[], bool] | None = None) -> dict[int, int | None]:
     """The group's committed next offsets of ``partitions`` (None: never committed), read with ``consumer``.
 
     Right after a broker restart or a consumer crash the group's coordinator may be moving or
-    loading ("Not coordinator"): such answers are asked again for ``give_up_after`` seconds, then
-    the last KafkaException is raised.
+    loading ("Not coordinator"); a member that died inside a transaction leaves the group's offsets unstable
+    until Kafka aborts it (a read then times out). Such answers are asked again for ``give_up_after`` seconds,
+    then the last KafkaException is raised; ``stop()`` true ends the wait with :class:`StopRequested`.
     """
     deadline = time.monotonic() + give_up_after
     while True:
@@ -38,6 +42,8 @@ def committed_offsets(consumer, topic: str, partitions: list[int], give_up_after
             err = exc.args[0]
             if not (err.retriable() or err.code() in _TRANSIENT) or time.monotonic() >= deadline:
                 raise
+            if stop is not None and stop():
+                raise StopRequested("the group's committed offsets") from exc
             time.sleep(0.5)
 
 
@@ -73,8 +79,10 @@ class KdgConsumer:
     """A group consumer bound to one delivery policy; kdg alone decides when offsets commit."""
 
     def __init__(self, policy: DeliveryPolicy, bootstrap: str, group: str, extra: dict | None = None,
-                 start: StartOffset | None = None, eof: bool = False):
+                 start: StartOffset | None = None, eof: bool = False, offsets_wait_s: float = 30,
+                 stop: Callable[[], bool] | None = None):
         self.policy = policy
+        self.offsets_wait_s, self._stop = offsets_wait_s, stop  # how long, and until what, committed() waits
         self.start = start or StartOffset()
         config = client_config(Role.CONSUMER, bootstrap, extra, policy, **{
             "group.id": group, "auto.offset.reset": self.start.reset, "enable.partition.eof": eof})
@@ -172,10 +180,13 @@ class KdgConsumer:
     def committed(self, topic: str, partitions: list[int]) -> dict[int, int | None]:
         """The group's next offsets in Kafka for ``partitions`` (held by this member or not); None if never committed."""
         try:
-            return committed_offsets(self._consumer, topic, partitions)
+            return committed_offsets(self._consumer, topic, partitions, self.offsets_wait_s, self._stop)
         except KafkaException as exc:
             check(exc.args[0], "reading the group's committed offsets")
-            raise DeliveryError(f"cannot read the group's committed offsets: {exc.args[0].str()}") from exc
+            raise DeliveryError(f"cannot read the group's committed offsets within {self.offsets_wait_s:g} s: "
+                                f"{exc.args[0].str()} (a member that died inside a transaction holds them until Kafka "
+                                "aborts it, after its transaction.timeout.ms: start again, or raise --wait-timeout)"
+                                ) from exc
 
     def commit(self, next_offsets: dict[tuple[str, int], int]) -> bool:
         """Synchronously commit ``{(topic, partition): next_offset}``.
