@@ -340,8 +340,9 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
             report = replace(base, group=standing.rows_of, positions_of=standing.positions_of)
             known = load_positions(store, standing.next_offsets)
             elsewhere = _ELSEWHERE.format(table=rows_table) if rows_table is not None else _NOWHERE
-            _count(store, report, _JOIN.format(got=got, elsewhere=elsewhere), topic, known, since, until, ledger_horizon, claims_horizon,
-                   standing.rows_of if rows_table is not None else sink_arg, "kdg_dedup claims" in report.basis)
+            _count(store, report, _JOIN.format(got=got, elsewhere=elsewhere), topic, known, since, until,
+                   ledger_horizon, claims_horizon, standing.rows_of if rows_table is not None else sink_arg,
+                   "kdg_dedup claims" in report.basis)
             reports.append(report)
     return GroupAudits(reports)
 

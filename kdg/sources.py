@@ -153,8 +153,8 @@ def synthetic(count: int | None, size: int, rate: float | None, opts: LineOption
         raise UsageError(f"--count {count}: must be at least 1")
     if size < 0:
         raise UsageError(f"--size {size}: must not be negative")
-    if rate is not None and not rate > 0:
-        raise UsageError(f"--rate {rate:g}: must be more than 0 records per second")
+    if rate is not None and not 0 < rate < float("inf"):
+        raise UsageError(f"--rate {rate:g}: must be a number of records per second, more than 0")
     load = SyntheticLoad(count, _payload(size), opts, rate)
     return _with_headers(load, opts.headers) if opts.headers else load
 

@@ -178,8 +178,6 @@ def produce(
                ("--partitions", partitions, 1))
     _check_lifecycle(shutdown_timeout, wait_timeout, metrics_port)
     id_maker(id_template)  # a bad --id template is refused before the topic is created
-    if rate is not None and not 0 < rate < float("inf"):
-        raise UsageError(f"--rate {rate:g}: give records per second, more than 0")
     if file is not None and (count is not None or rate is not None):
         raise UsageError("--count and --rate make synthetic records; --file sends the file's lines: give one or the "
                          "other")

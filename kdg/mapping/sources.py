@@ -142,16 +142,21 @@ def as_text(value) -> str | None:
         return "true" if value else "false"
     if kind is int or kind is Decimal:
         return str(value)
-    if kind is float and not math.isfinite(value):  # a decoded Avro or Protobuf double: real and double take them
-        return _FLOAT_WORDS.get(value, "NaN")
-    if kind is list and any(type(v) is float and not math.isfinite(v) for v in value):
-        return _pg_array(value)
-    if kind is dict or kind is list or kind is float:
-        return json_text(value)
+    if kind is float:  # a decoded Avro or Protobuf double's NaN and ±Infinity: real and double take them
+        return _dumps(value) if math.isfinite(value) else _float_word(value)
+    if kind is dict or kind is list:
+        try:
+            return json_text(value)
+        except ValueError:  # NaN or Infinity inside, which JSON cannot write: a list of numbers as Postgres's array
+            if kind is list:
+                return _pg_array(value)
+            raise
     return _scalar_text(value)
 
 
-_FLOAT_WORDS = {math.inf: "Infinity", -math.inf: "-Infinity"}
+def _float_word(value: float) -> str:
+    """NaN, Infinity or -Infinity, as Postgres's real and double precision read them."""
+    return "NaN" if value != value else "Infinity" if value > 0 else "-Infinity"
 
 
 def _pg_array(values: list) -> str:
@@ -162,7 +167,7 @@ def _pg_array(values: list) -> str:
         if v is None:
             texts.append("NULL")
         elif type(v) is float and not math.isfinite(v):
-            texts.append(_FLOAT_WORDS.get(v, "NaN"))
+            texts.append(_float_word(v))
         elif type(v) in (int, float, Decimal):
             texts.append(str(v))
         else:

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from kdg.errors import ConnectionFailed, MissingComponent, UsageError
 from kdg.lifecycle import Shutdown, wait_until_up
+from kdg.profile import redact
 
 NEGATIVE_TTL_S = 30.0  # an id the registry did not know is asked again after this long
 BLIP_S = 10.0          # how long a registry that is away is waited for where no command said otherwise
@@ -145,11 +146,8 @@ class Registry:
         try:
             self._client = SchemaRegistryClient({**conf, "max.retries": 0})
         except (ValueError, TypeError, OSError) as exc:  # a certificate or key it cannot load, and the like
-            secrets = [v for k, v in conf.items() if k in ("basic.auth.user.info", "ssl.key.password")]
-            secrets += [urlsplit(p.strip()).password or "" for p in conf["url"].split(",")]
-            message = str(exc)
-            for secret in filter(None, secrets):
-                message = message.replace(secret, "***")
+            logins = {f"url.{i}.password": urlsplit(p.strip()).password for i, p in enumerate(conf["url"].split(","))}
+            message = redact(str(exc), {**conf, **logins})  # every secret setting's value, and the URLs' passwords
             files = ", ".join(f"{k}={conf[k]}" for k in _FILES if k in conf)
             raise UsageError(f"the Schema Registry settings{f' ({files})' if files else ''}: "
                              f"{type(exc).__name__}: {message}") from None
