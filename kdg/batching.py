@@ -17,7 +17,7 @@ from operator import itemgetter
 
 from confluent_kafka import Message
 
-from kdg.records import ID_HEADER
+from kdg.records import ID_HEADER, PROBE_HEADER
 from kdg.sinks import Batch
 from kdg.store.rows import SinkRows
 
@@ -92,6 +92,8 @@ def sort_rows(msgs: list, max_bytes: int, require_utf8: bool, must_have_key: boo
         shape = tuple(names[:width])
         if any(names[i::width].count(shape[i]) != n for i in range(width)):
             return None
+        if PROBE_HEADER in shape:
+            return None  # the general sort steps over `kdg doctor`'s record
         raw = list(map(_VALUE, flat))
         if None in raw:
             return None

@@ -82,6 +82,7 @@ class ConsumeReport:
     dedup_window: str | None = None  # exactly-once into Postgres: how long the table keeps claims
     outside_dedup_window: int = 0    # rows written without a claim: their keys were older than the window
     claim_partitions_dropped: int = 0  # expired claim partitions this consumer's maintenance dropped
+    probes_skipped: int = 0          # `kdg doctor --topic` probe records: read, stepped over, never written
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -139,6 +140,7 @@ def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool)
     batch = Batch()
     records, dead, first, after = batch.records, batch.dead, batch.first_offsets, batch.next_offsets
     max_bytes, utf8 = req.max_bytes, req.require_utf8
+    by_offset = resolver.kind == "offset"  # every record has a key: a probe is known by its headers alone
     topic = None
     for i, msg in enumerate(msgs):
         msgs[i] = None
@@ -165,7 +167,13 @@ def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool)
         try:
             key = resolver.key(rec)
         except ValueError as exc:
+            if rec.is_probe:
+                batch.probes += 1
+                continue
             dead.append((rec, f"{resolver.unreadable}{exc}", None))
+            continue
+        if (key is None or by_offset) and rec.is_probe:  # `kdg doctor`'s record: stepped over
+            batch.probes += 1
             continue
         if key is None:
             if must_have_key:
@@ -366,6 +374,7 @@ def _settle(outcomes, req, offsets, sink, report, metrics) -> None:
             report.processed += batch.good - result.dead_lettered
             report.duplicates_suppressed += result.duplicates_suppressed
             report.dead_lettered += len(batch.dead) + result.dead_lettered
+            report.probes_skipped += batch.probes
         elif isinstance(error, (Fenced, RetryBatch)):
             report.fenced_batches += 1
             again.append(batch)

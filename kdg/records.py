@@ -13,6 +13,7 @@ from kdg.errors import UsageError
 
 ID_HEADER = "kdg-id"
 SEQ_HEADER = "kdg-seq"
+PROBE_HEADER = "kdg-doctor"  # `kdg doctor --topic`'s permission probe: no kdg-id, never written by a consumer
 
 
 class Uuid7Maker:
@@ -176,6 +177,11 @@ class Record:
     def idempotency_key(self) -> str | None:
         raw = self.header(ID_HEADER)
         return raw.decode("utf-8", "replace") if raw is not None else None
+
+    @property
+    def is_probe(self) -> bool:
+        """``kdg doctor --topic``'s record: consumers step over it (offsets move on, nothing is written)."""
+        return self.header(PROBE_HEADER) is not None and self.header(ID_HEADER) is None
 
 
 def _text_or_b64(data: bytes | None) -> tuple[str | None, bool]:

@@ -161,13 +161,20 @@ def test_spark_replay_exactly_once_over_sasl_ssl(skdg):
 
 def test_doctor_checks_the_handshake_and_the_users_rights(skdg):
     topic, group = _name("sec-doctor"), _name("g-doctor")
-    skdg("produce", topic, "--count", 1, "--json")
+    skdg("produce", topic, "-g", "exactly-once", "--count", 1, "--json")
     report = json.loads(skdg("doctor", "--topic", topic, "--group", group, "--json").stdout)
     checks = {c["name"]: c for c in report["checks"]}
     assert report["ok"], checks
     handshake = checks["tls/sasl handshake"]["detail"]
     assert "TLS verified" in handshake and "SCRAM-SHA-512 login as 'kdg'" in handshake
     assert "wrote 1 record" in checks[f"write, read, commit ({topic}, {group})"]["detail"]
+    # its probe record (no kdg-id) is stepped over: exactly-once neither stops on it nor writes it
+    table = f"doctor_{uuid.uuid4().hex[:8]}"
+    out = json.loads(skdg("consume", topic, "-G", group, "-g", "exactly-once", "--table", table, "-e",
+                          "--json").stdout)
+    assert (out["consumed"], out["processed"], out["probes_skipped"]) == (2, 1, 1), out
+    audit = _audit(skdg, topic, "--table", table, "-G", group)
+    assert (audit["rows"], audit["lost"], audit["duplicates"], audit["unexpected"]) == (1, 0, 0, 0), audit
 
 
 def test_the_user_without_acls_is_denied_in_one_line(secure_stack, skdg):

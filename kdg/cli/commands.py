@@ -561,7 +561,7 @@ def doctor(
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     topic: Annotated[Optional[str], typer.Option(
         "--topic", help="Also check that the configured user may write, read and commit here: one small real "
-        "record is written to this topic (no kdg-id, so audits ignore it). Needs --group.")] = None,
+        "record is written to this topic (header kdg-doctor, no kdg-id: kdg's consumers step over it). Needs --group.")] = None,
     group: Annotated[Optional[str], typer.Option(
         "--group", help="The consumer group of the --topic check; its committed offset is committed again "
         "unchanged (or the partition's first offset if it has none).")] = None,

@@ -1,11 +1,13 @@
 """May the configured user write, read and commit? Asked of Kafka itself, with one tiny real record.
 
 ``kdg doctor --topic T --group G`` calls :func:`probe_permissions`: it writes one record (header
-``kdg-doctor``, no ``kdg-id``, so audits never count it) to ``T``, reads it back by assignment,
-and commits for ``G`` the offset the group already has — unchanged — or, for a group with none on
+``kdg-doctor``, no ``kdg-id``) to ``T``, reads it back by assignment, and commits for ``G`` the offset the group already has — unchanged — or, for a group with none on
 that partition, the partition's first offset (where such a group starts anyway). A denied step is
 an :class:`~kdg.errors.AccessDenied` naming it; a group with live members refusing an outsider's
 commit still proves the ACL allowed it (Kafka authorizes before it checks membership).
+
+Every kdg consumer and Spark job steps over the probe record: its offset moves on, nothing is written,
+and the report counts it in ``probes_skipped`` (:attr:`kdg.records.Record.is_probe`).
 """
 
 import time
@@ -17,8 +19,8 @@ from kdg.kafka.access import check, raise_queued
 from kdg.kafka.admin import topic_partitions
 from kdg.kafka.clients import Role, client_config, new_producer, reader
 from kdg.kafka.consumer import committed_offsets
+from kdg.records import PROBE_HEADER
 
-DOCTOR_HEADER = "kdg-doctor"
 _GROUP_BUSY = {KafkaError.UNKNOWN_MEMBER_ID, KafkaError.ILLEGAL_GENERATION, KafkaError.REBALANCE_IN_PROGRESS,
                KafkaError.FENCED_INSTANCE_ID}
 
@@ -42,7 +44,7 @@ def probe_permissions(bootstrap: str, props: dict[str, str], topic: str, group: 
 def _write(bootstrap: str, props: dict[str, str], topic: str, timeout: float) -> tuple[int, int]:
     producer = new_producer(client_config(Role.DEAD_LETTERS, bootstrap, props), Role.DEAD_LETTERS)
     outcome: list = []
-    producer.produce(topic, b"kdg doctor: may this user write here?", headers=[(DOCTOR_HEADER, b"1")],
+    producer.produce(topic, b"kdg doctor: may this user write here?", headers=[(PROBE_HEADER, b"1")],
                      on_delivery=lambda err, msg: outcome.append((err, msg)))
     producer.flush(timeout)
     if not outcome:

@@ -26,6 +26,7 @@ class Batch:
     # Postgres sink (kdg.batching): no Record per message
     rows: SinkRows | None = None
     first_timestamps: dict[int, int] = field(default_factory=dict)  # per partition, its first record's (ms)
+    probes: int = 0  # `kdg doctor`'s probe records stepped over: read, offsets moved on, nothing written
 
     @property
     def good(self) -> int:
@@ -39,7 +40,7 @@ class Batch:
         return [rec.partition for rec, _ in self.records]
 
     def __len__(self) -> int:
-        return self.good + len(self.dead)
+        return self.good + len(self.dead) + self.probes
 
     @staticmethod
     def earliest(batches: "list[Batch]") -> "Batch":
@@ -50,6 +51,7 @@ class Batch:
         for batch in batches:
             merged.records += batch.records
             merged.dead += batch.dead
+            merged.probes += batch.probes
             for tp, offset in batch.first_offsets.items():
                 merged.first_offsets[tp] = min(offset, merged.first_offsets.get(tp, offset))
             for tp, offset in batch.next_offsets.items():

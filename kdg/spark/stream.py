@@ -95,6 +95,7 @@ class StreamReport:
     rows_written: int = 0
     duplicates_dropped: int = 0
     dead_lettered: int = 0
+    probes_skipped: int = 0     # `kdg doctor --topic` probe records: read, never written
     spark_start_s: float = 0.0
     duration_s: float = 0.0
     stopped_by: str = ""
@@ -344,6 +345,7 @@ class _Batches:
         r.rows_written += totals["rows_written"]
         r.duplicates_dropped += totals["duplicates_dropped"]
         r.dead_lettered += totals["dead_lettered"]
+        r.probes_skipped += totals["probes_skipped"]
         if self.req.on_batch is None:
             return
         from kdg.kafka.admin import high_watermarks

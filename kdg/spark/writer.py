@@ -12,11 +12,11 @@ from typing import Iterator
 
 from kdg import faults
 from kdg.errors import KeylessRecord
-from kdg.records import Record
+from kdg.records import PROBE_HEADER, Record
 from kdg.store.rows import SINK_COLUMNS
 
 SUMMARY_SCHEMA = ("rows_read long, rows_written long, duplicates_dropped long, chunks long, dead_lettered long, "
-                  "offsets string")  # offsets: {partition: the highest offset this task read}, as JSON
+                  "probes_skipped long, offsets string")  # offsets: {partition: the highest offset this task read}, as JSON
 COLUMNS = SINK_COLUMNS
 RECORD_COLUMNS = (*SINK_COLUMNS, "timestamp")  # a typed sink rebuilds each record: the sink row and its timestamp
 
@@ -74,7 +74,7 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
     if spec.typed is not None:
         yield pa.RecordBatch.from_pylist([{**_write_typed(batches, spec, fault_armed), "offsets": json.dumps(high)}])
         return
-    read = written = dropped = chunks = 0
+    read = written = dropped = chunks = probes = 0
     seen: set[str] = set()
     pending: list[tuple] = []
     fill = _keys(spec)
@@ -96,6 +96,9 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
             columns = [batch.column(name).to_pylist() for name in COLUMNS]
             for row in zip(*columns):
                 read += 1
+                if row[0] is None and _is_probe(row[6]):  # `kdg doctor`'s record (job.key_expression)
+                    probes += 1
+                    continue
                 if fill is not None and row[0] is None:
                     row = (fill(None, Record(row[5], row[4], [], row[2], row[1], row[3], None)), *row[1:])
                 if spec.dedup:
@@ -114,7 +117,12 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
             flush()
     yield pa.RecordBatch.from_pylist(
         [{"rows_read": read, "rows_written": written, "duplicates_dropped": dropped, "chunks": chunks,
-          "dead_lettered": 0, "offsets": json.dumps(high)}])
+          "dead_lettered": 0, "probes_skipped": probes, "offsets": json.dumps(high)}])
+
+
+def _is_probe(headers: str | None) -> bool:
+    """A keyless row's headers (a JSON object) are `kdg doctor`'s probe record's."""
+    return bool(headers) and PROBE_HEADER in json.loads(headers)
 
 
 def _noting_offsets(batches: Iterator, high: dict[int, int]) -> Iterator:
@@ -137,7 +145,8 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
     from kdg.store.pg import Store
 
     maker, dlq = RowMaker(spec.typed.mapping, spec.registry), _LazyDeadLetters(spec.dead_letters)
-    totals = {"rows_read": 0, "rows_written": 0, "duplicates_dropped": 0, "chunks": 0, "dead_lettered": 0}
+    totals = {"rows_read": 0, "rows_written": 0, "duplicates_dropped": 0, "chunks": 0, "dead_lettered": 0,
+              "probes_skipped": 0}
     seen: set[str] = set()
     pending: list[tuple[Record, str]] = []
     fill = _keys(spec)
@@ -158,6 +167,9 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
         for batch in batches:
             for rec, key in _records(batch):
                 totals["rows_read"] += 1
+                if key is None and rec.is_probe:
+                    totals["probes_skipped"] += 1
+                    continue
                 if fill is not None:
                     key = fill(key, rec)
                 if spec.dedup:
