@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from kdg.audit_groups import load_positions, standings
 from kdg.errors import ConnectionFailed, UnknownTopic, UsageError
-from kdg.records import ID_HEADER
+from kdg.records import GROUP_HEADER, ID_HEADER
 from kdg.settings import Connection, table_name
 from kdg.sinks import parse_sink
 from kdg.sinks.dead_letters import REASON_HEADER, SQLSTATE_HEADER, dlq_topic
@@ -72,8 +72,6 @@ class GroupAudits:
 
 # Every count is made in Postgres, so an audit of 100M records needs no more client memory than
 # one of 100: the ledger, the sink's keys and the dead-lettered keys are joined server-side.
-_KEYS = """CREATE TEMP TABLE {name} (idempotency_key text NOT NULL)"""
-
 # ``passed``: the group's stored position is past one of the key's acknowledged copies, so a
 # missing key is lost; otherwise it is pending. Without known positions ($2 false) all is passed.
 # ``outside``: left out of every count. A key with ledger rows, none recorded in [$3, $4) (--since,
@@ -120,8 +118,9 @@ _NOWHERE = "SELECT NULL::text AS idempotency_key WHERE false"
 # each got query: a key, its rows, and (where known) the partition and offset it was read from
 _GOT_PG = """SELECT idempotency_key, count(*) AS n, min("partition") AS gp, min("offset") AS go FROM {table}
              WHERE topic = $1 AND ($7::text IS NULL OR consumer_group = $7) GROUP BY idempotency_key"""
+# an output topic's records name the group that wrote them (kdg-group); a record without one counts for every group
 _GOT_TOPIC = """SELECT idempotency_key, count(*) AS n, NULL::int AS gp, NULL::bigint AS go FROM kdg_audit_got
-                GROUP BY idempotency_key"""
+                WHERE $7::text IS NULL OR consumer_group IS NULL OR consumer_group = $7 GROUP BY idempotency_key"""
 # a user's table (a typed sink): exactly-once claims, else the table's own idempotency_key column
 _GOT_CLAIMS = """SELECT idempotency_key, count(*) AS n, min("partition") AS gp, min("offset") AS go FROM kdg_dedup
                  WHERE sink_table = $7 AND topic = $1 GROUP BY idempotency_key"""
@@ -169,11 +168,14 @@ _TOTALS = f"""SELECT count(*) FILTER (WHERE ok AND NOT outside) AS acked,
               FROM kdg_audit"""
 
 
-def _load_topic_keys(store, name: str, conn: Connection, topic: str) -> None:
-    """Stream the ``kdg-id`` headers of ``topic`` into temp table ``name``, a batch at a time."""
-    store.execute(_KEYS.format(name=name))
-    for found in iter_topic_headers(conn.bootstrap_servers, topic, conn.extra, (ID_HEADER,)):
-        store.copy_rows(name, [k for k in found if k[0] is not None], ("idempotency_key",))
+def _load_output_keys(store, conn: Connection, out_topic: str, topic: str) -> None:
+    """Stream the ``kdg-id`` and ``kdg-group`` headers of output topic ``out_topic`` into temp table
+    ``kdg_audit_got``, a batch at a time; shaped as a kdg sink table (``topic`` is the audited one) so the
+    audit tells the groups that wrote into it apart (:mod:`kdg.audit_groups`)."""
+    store.execute("CREATE TEMP TABLE kdg_audit_got (idempotency_key text NOT NULL, consumer_group text, topic text)")
+    for found in iter_topic_headers(conn.bootstrap_servers, out_topic, conn.extra, (ID_HEADER, GROUP_HEADER)):
+        store.copy_rows("kdg_audit_got", [(k, g, topic) for k, g in found if k is not None],
+                        ("idempotency_key", "consumer_group", "topic"))
 
 
 def _load_dead_letters(store, conn: Connection, topic: str) -> None:
@@ -325,8 +327,8 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
             base.ledger_horizon = datetime.fromtimestamp(ledger_horizon / 1000, timezone.utc).isoformat()
         _load_dead_letters(store, conn, topic)
         if kind == "kafka":
-            _load_topic_keys(store, "kdg_audit_got", conn, out_topic)
-            got, sink_arg, rows_table, shown = _GOT_TOPIC, None, None, sink
+            _load_output_keys(store, conn, out_topic, topic)
+            got, sink_arg, rows_table, shown = _GOT_TOPIC, None, "kdg_audit_got", sink
             base.basis = "output topic"
         else:
             identity = store.resolve_table(spelled)  # the key its claims were made under

@@ -2,10 +2,10 @@
 
 With ``-G`` that group's. Without it, the groups that consumed the topic decide:
 
-- a kdg-shaped sink names each row's ``consumer_group``: each group that wrote into it is audited on
-  its own (its rows, its positions);
-- any other sink (an output topic, a user's table), or a kdg-shaped one nobody wrote into yet, cannot
-  be split: the groups with positions on the topic (``kdg_offsets``, or offsets committed to Kafka)
+- a kdg-shaped sink names each row's ``consumer_group``, and an output topic each record's (its
+  ``kdg-group`` header): each group that wrote into it is audited on its own (its rows, its positions);
+- any other sink (a user's table, an output topic written before kdg-group), or one nobody wrote into
+  yet, cannot be split: the groups with positions on the topic (``kdg_offsets``, or offsets committed to Kafka)
   are used if there is one, or if all of them stand at the same place in the ledger; else the user is
   asked for one (a usage error listing them). No group at all: every missing record counts as lost.
 """
@@ -58,8 +58,8 @@ def standings(store, conn: Connection, topic: str, group: str | None, *, rows_ta
     if not found:
         return [Standing(None, None, None)]
     if len({_passed(store, topic, offsets) for offsets in found.values()}) > 1:
-        why = (f"none of them wrote into {sink}" if rows_table is not None else
-               f"{sink} does not say which group wrote each record" if sink.startswith("kafka:") else
+        why = (f"no record of {sink} names the group that wrote it (a kdg-group header)"
+               if sink.startswith("kafka:") else f"none of them wrote into {sink}" if rows_table is not None else
                f"{sink} has no consumer_group column to tell their rows apart")
         raise UsageError(f"{len(found)} groups consumed {topic!r} and stand at different positions "
                          f"({', '.join(found)}); {why}: pass -G GROUP to audit one")
@@ -68,7 +68,8 @@ def standings(store, conn: Connection, topic: str, group: str | None, *, rows_ta
 
 def _writers(store, topic: str, table: str) -> list[str]:
     return [r["g"] for r in store.fetch(
-        f"SELECT DISTINCT consumer_group AS g FROM {table} WHERE topic = $1 ORDER BY 1", topic)]
+        f"SELECT DISTINCT consumer_group AS g FROM {table} WHERE topic = $1 AND consumer_group IS NOT NULL "
+        "ORDER BY 1", topic)]
 
 
 def _positioned(store, conn: Connection, topic: str) -> set[str]:

@@ -117,7 +117,7 @@ def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue, consumer: KdgC
 
         txn_id = req.transactional_id or f"kdg-{req.group}-{req.topic}-{socket.gethostname()}-{os.getpid()}"
         return KafkaSink(policy, req.conn.bootstrap_servers, req.conn.extra, out_topic, dlq, txn_id, consumer,
-                         own_id=req.transactional_id is None)
+                         req.group, own_id=req.transactional_id is None)
     from kdg.sinks.stdout import StdoutSink
 
     return StdoutSink(req.fmt, dlq, decode=value_decoder(req))

@@ -13,6 +13,7 @@ from kdg.errors import UsageError
 
 ID_HEADER = "kdg-id"
 SEQ_HEADER = "kdg-seq"
+GROUP_HEADER = "kdg-group"  # on a Kafka sink's output: the consumer group that wrote it (kdg audit --sink kafka:)
 PROBE_HEADER = "kdg-doctor"  # `kdg doctor --topic`'s permission probe: no kdg-id, never written by a consumer
 
 

@@ -29,18 +29,27 @@ def test_each_group_is_audited_apart_and_unread_records_are_pending(kdg, topic):
     table = kdg("audit", topic).stdout
     assert f"group {full}" in table and f"group {partial}" in table, table
 
-    # the output topic does not say who wrote it, and the groups stand apart: asked for one
-    refused = kdg("audit", topic, "--sink", out, "--json", check=False)
+    # an output topic's records name the group that wrote them (kdg-group): its one writer, by its positions
+    mine = audited(kdg, topic, "--sink", out)
+    assert mine["positions_of"] == to_kafka and mine["pending"] == N - mine["processed_unique"] > 0, mine
+    assert mine["lost"] == 0 and mine["duplicates"] == 0, mine
+    # an output topic nobody wrote into cannot be split, and the groups stand apart: asked for one
+    empty = f"kafka:{topic}-none"
+    refused = kdg("audit", topic, "--sink", empty, "--json", check=False)
     assert refused.returncode == 2 and "-G GROUP" in refused.stderr, refused.stderr
     assert all(g in refused.stderr for g in (full, partial, to_kafka)), refused.stderr
-    mine = audited(kdg, topic, "--sink", out, "-G", to_kafka)
-    assert mine["pending"] == N - mine["processed_unique"] > 0 and mine["lost"] == 0, mine
-    # the anomaly the refusal avoids: another group's positions call the unread records lost
-    assert audited(kdg, topic, "--sink", out, "-G", full)["lost"] == mine["pending"]
 
-    # once every group has read the whole topic their positions agree, so no group needs naming
-    for group, sink in ((partial, "postgres"), (to_kafka, out)):
-        kdg("consume", topic, "-G", group, "-g", "at-least-once", "--sink", sink, "-e", "--json")
-    agreed = audited(kdg, topic, "--sink", out)
-    assert agreed["positions_of"] == ", ".join(sorted((full, partial, to_kafka))), agreed
-    assert (agreed["processed_unique"], agreed["lost"], agreed["pending"], agreed["duplicates"]) == (N, 0, 0, 0)
+    # once every group has read the whole topic their positions agree, so no group needs naming; a second
+    # group writing into the same output topic: each group's records are its own, not the other's duplicates
+    second = f"second-{topic}"
+    for group, sink, guarantee in ((partial, "postgres", "at-least-once"), (to_kafka, out, "at-least-once"),
+                                   (second, out, "exactly-once")):
+        kdg("consume", topic, "-G", group, "-g", guarantee, "--sink", sink, "-e", "--json")
+    agreed = audited(kdg, topic, "--sink", empty)
+    assert agreed["positions_of"] == ", ".join(sorted((full, partial, second, to_kafka))), agreed
+    assert agreed["lost"] == N, agreed  # every group passed every record, and none is in that topic
+    both = audited(kdg, topic, "--sink", out)
+    by_group = {r["group"]: r for r in both["groups"]}
+    assert set(by_group) == {to_kafka, second} and both["balanced"], both
+    assert all((r["processed_unique"], r["rows"], r["lost"], r["pending"], r["duplicates"]) == (N, N, 0, 0, 0)
+               for r in by_group.values()), by_group

@@ -6,6 +6,7 @@ from kdg import faults
 from kdg.errors import ProducerFatal, RetryBatch, TransactionAborted
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.producer import KdgProducer, refusals_for_good, refused
+from kdg.records import GROUP_HEADER
 from kdg.sinks import Batch, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue
 
@@ -15,19 +16,24 @@ class KafkaSink(Sink):
     keeps_offsets = False   # ... and so they stay in Kafka, with the group
 
     def __init__(self, policy, bootstrap: str, extra: dict, out_topic: str, dlq: DeadLetterQueue,
-                 transactional_id: str, consumer, partitions: int = 3, own_id: bool = False):
+                 transactional_id: str, consumer, group: str, partitions: int = 3, own_id: bool = False):
         """``own_id``: the transactional.id is this process's alone (kdg's default names host and pid), so
         a fence can only be librdkafka bumping its own epoch after a timeout (seen after broker kills), and
         the producer is replaced; a zombie member is still stopped by the group's generation, which its
-        offsets carry. A user's --transactional-id may be another live process's: a fence then stops it."""
+        offsets carry. A user's --transactional-id may be another live process's: a fence then stops it.
+
+        Each output record carries its input's headers and, last, ``kdg-group``: the group that wrote it,
+        so an audit of an output topic that several groups write into counts each group's own records."""
         self.out_topic, self.dlq, self.consumer, self.own_id = out_topic, dlq, consumer, own_id
+        self.written_by = (GROUP_HEADER, group.encode())
         # failures only (take_failures): a record Kafka refuses stops the consumer before its offsets move
         self.producer = KdgProducer(policy, bootstrap, extra, transactional_id=transactional_id, every_report=False)
         ensure_topic(bootstrap, out_topic, partitions=partitions, extra=extra)
 
     def _send(self, batch: Batch) -> None:
+        send, out, mark = self.producer.send, self.out_topic, self.written_by
         for rec, _key in batch.records:
-            self.producer.send(self.out_topic, rec.value, rec.key, rec.headers)
+            send(out, rec.value, rec.key, [*rec.headers, mark])  # of a repeated name the last counts
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
         if not atomic:
