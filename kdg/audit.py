@@ -95,7 +95,7 @@ WITH led AS (SELECT l.idempotency_key, bool_or(l.status <> 'failed') AS ok, min(
      arg AS (SELECT $7::text AS sink_arg),  -- typed here, so a got query may use $7 or not
      kept AS (SELECT "partition", min("offset") AS first FROM kdg_ledger
               WHERE $5::bigint IS NOT NULL AND topic = $1 AND "offset" IS NOT NULL GROUP BY "partition"),
-     dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dead),
+     dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dl),
      elsewhere AS ({elsewhere})
 SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false), coalesce(led.passed, true), led.p,
        CASE WHEN led.idempotency_key IS NOT NULL
@@ -164,7 +164,7 @@ _TOTALS = f"""SELECT count(*) FILTER (WHERE ok AND NOT outside) AS acked,
                          AS duplicates_beyond_dedup_window,
                      count(*) FILTER (WHERE {_EXAMPLES["unexpected"]}) AS unexpected,
                      count(*) FILTER (WHERE outside) AS outside_window,
-                     (SELECT count(DISTINCT idempotency_key) FROM kdg_audit_dead) AS dead_lettered
+                     (SELECT count(DISTINCT idempotency_key) FROM kdg_audit_dl) AS dead_lettered
               FROM kdg_audit"""
 
 
@@ -179,12 +179,14 @@ def _load_output_keys(store, conn: Connection, out_topic: str, topic: str) -> No
 
 
 def _load_dead_letters(store, conn: Connection, topic: str) -> None:
-    """Stream the dead-letter topic into temp table ``kdg_audit_dead``: each record's key and grouped reason."""
-    store.execute("CREATE TEMP TABLE kdg_audit_dead (idempotency_key text, reason text NOT NULL)")
+    """Stream the dead-letter topic into temp table ``kdg_audit_dead``: each record's key, grouped reason and
+    the group that dead-lettered it (``kdg-group``; NULL in dead letters written before it was stamped)."""
+    store.execute("CREATE TEMP TABLE kdg_audit_dead (idempotency_key text, reason text NOT NULL, consumer_group text)")
     for found in iter_topic_headers(conn.bootstrap_servers, dlq_topic(topic), conn.extra,
-                                    (ID_HEADER, REASON_HEADER, SQLSTATE_HEADER)):
-        store.copy_rows("kdg_audit_dead", [(key, reason_group(reason, state)) for key, reason, state in found],
-                        ("idempotency_key", "reason"))
+                                    (ID_HEADER, REASON_HEADER, SQLSTATE_HEADER, GROUP_HEADER)):
+        store.copy_rows("kdg_audit_dead", [(key, reason_group(reason, state), group)
+                                           for key, reason, state, group in found],
+                        ("idempotency_key", "reason", "consumer_group"))
 
 
 def reason_group(reason: str | None, sqlstate: str | None) -> str:
@@ -350,7 +352,14 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
 
 
 def _count(store, report: AuditReport, join: str, *args) -> None:
-    """Run ``join`` with ``args`` (:data:`_JOIN`'s $1…$8) into a fresh ``kdg_audit``; fill ``report``'s counts."""
+    """Run ``join`` with ``args`` (:data:`_JOIN`'s $1…$8) into a fresh ``kdg_audit``; fill ``report``'s counts.
+
+    A record another group dead-lettered is not accounted for by it: the dead letters that count are the
+    audited group's (``report.positions_of``, when it is one group) and those that name no group."""
+    store.execute("DROP TABLE IF EXISTS kdg_audit_dl")
+    one = report.positions_of if report.positions_of and ", " not in report.positions_of else None
+    store.execute("CREATE TEMP TABLE kdg_audit_dl AS SELECT idempotency_key, reason FROM kdg_audit_dead "
+                  "WHERE $1::text IS NULL OR consumer_group IS NULL OR consumer_group = $1", one)
     store.execute("DROP TABLE IF EXISTS kdg_audit")
     store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int, "
                   "outside boolean NOT NULL, beyond boolean NOT NULL, elsewhere boolean NOT NULL)")
@@ -359,7 +368,7 @@ def _count(store, report: AuditReport, join: str, *args) -> None:
         setattr(report, name, value)
     report.dead_letter_reasons = {r["reason"]: r["n"] for r in store.fetch(
         "SELECT reason, count(DISTINCT idempotency_key) + count(*) FILTER (WHERE idempotency_key IS NULL) AS n "
-        "FROM kdg_audit_dead GROUP BY reason ORDER BY n DESC, reason")}
+        "FROM kdg_audit_dl GROUP BY reason ORDER BY n DESC, reason")}
     report.pending_by_partition = {r["p"]: r["n"] for r in store.fetch(
         f'SELECT p, count(*) AS n FROM kdg_audit WHERE {_EXAMPLES["pending"]} GROUP BY p ORDER BY p')}
     report.examples = {name: [r["k"] for r in store.fetch(

@@ -224,7 +224,7 @@ def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metr
                            offsets_wait_s=max(30.0, req.wait_timeout), stop=req.shutdown.check)
     sink = None
     try:
-        dlq = DeadLetterQueue(policy, bootstrap, req.topic, extra)
+        dlq = DeadLetterQueue(policy, bootstrap, req.topic, extra, req.group)
         metrics.not_ready = "waiting for Postgres" if kind == "postgres" else "starting"
         sink = wait_until_up("Postgres", lambda: _make_sink(req, policy, dlq, consumer), req.wait_timeout,
                              req.shutdown, req.notice)

@@ -127,7 +127,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
                          typed=typed, id_from=req.id_from if id_kind == "json" else None,
                          value_format=req.value_format, registry=req.conn.registry,
                          dead_letters=DeadLetterSpec(policy.guarantee.value, req.conn.bootstrap_servers, req.topic,
-                                                     req.conn.extra))
+                                                     req.conn.extra, req.group))
         try:
             totals = _run_job(req, master, policy, ranges, spec, id_kind, id_arg, source_options)
         except BaseException as exc:

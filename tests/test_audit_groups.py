@@ -1,6 +1,10 @@
 """`kdg audit` without -G on a topic several groups consumed: each group audited apart, or asked for one."""
 
+import uuid
+
 from conftest import audited
+
+from kdg.store.pg import Store
 
 N = 3000
 COUNTS = ("acked", "processed_unique", "rows", "lost", "pending", "duplicates", "unexpected")
@@ -53,3 +57,19 @@ def test_each_group_is_audited_apart_and_unread_records_are_pending(kdg, topic):
     assert set(by_group) == {to_kafka, second} and both["balanced"], both
     assert all((r["processed_unique"], r["rows"], r["lost"], r["pending"], r["duplicates"]) == (N, N, 0, 0, 0)
                for r in by_group.values()), by_group
+
+
+def test_another_groups_dead_letters_do_not_account_for_a_groups_loss(kdg, conn, topic):
+    """A row gone from one group's table is its loss, even once another group dead-lettered that record."""
+    mine, other, table = f"mine-{topic}", f"other-{topic}", f"dl_{uuid.uuid4().hex[:8]}"
+    kdg("produce", topic, "-g", "exactly-once", "--count", 3, "--json")
+    kdg("consume", topic, "-G", mine, "-g", "at-least-once", "--table", table, "-e", "--json")
+    with Store(conn.pg_dsn) as store:
+        gone = store.fetchval(f"DELETE FROM {table} WHERE idempotency_key = (SELECT min(idempotency_key) FROM {table}) "
+                              "RETURNING idempotency_key")
+    kdg("consume", topic, "-G", other, "-g", "at-least-once", "--table", f"{table}_b", "--max-bytes", 1, "-e",
+        "--json")  # every record is one byte too large for it: three dead letters, of the other group
+    lost = audited(kdg, topic, "--table", table, "-G", mine)
+    assert (lost["lost"], lost["dead_lettered"], lost["examples"]["lost"]) == (1, 0, [gone]), lost
+    theirs = audited(kdg, topic, "--table", f"{table}_b", "-G", other)
+    assert (theirs["lost"], theirs["dead_lettered"], theirs["balanced"]) == (0, 3, True), theirs

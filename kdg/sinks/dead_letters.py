@@ -4,7 +4,7 @@ from kdg.guarantees import DeliveryPolicy
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.clients import Role
 from kdg.kafka.producer import KdgProducer
-from kdg.records import ID_HEADER, Record
+from kdg.records import GROUP_HEADER, ID_HEADER, Record
 
 REASON_HEADER = "kdg-dlq-reason"
 SQLSTATE_HEADER = "kdg-sqlstate"        # a row Postgres refused: its SQL error code, e.g. 23514
@@ -21,9 +21,12 @@ def dlq_topic(topic: str) -> str:
     return f"{topic}.dlq"
 
 
-def dead_letter_headers(rec: Record, reason: str, key: str | None) -> list[tuple[str, bytes]]:
+def dead_letter_headers(rec: Record, reason: str, key: str | None, group: bytes) -> list[tuple[str, bytes]]:
+    """The record's headers, then the reason, where it was read, the group that read it (``kdg-group``: an
+    audit counts a dead letter for that group only) and its key."""
     headers = [(k, v) for k, v in rec.headers if k != ID_HEADER]
-    headers += [(REASON_HEADER, reason.encode()), ("kdg-source", f"{rec.topic}/{rec.partition}/{rec.offset}".encode())]
+    headers += [(REASON_HEADER, reason.encode()), ("kdg-source", f"{rec.topic}/{rec.partition}/{rec.offset}".encode()),
+                (GROUP_HEADER, group)]
     if key is not None:
         headers.append((ID_HEADER, key.encode()))
     return headers
@@ -35,8 +38,8 @@ class DeadLetterQueue:
     The producer is made at once, so a property it cannot take fails the command before any record is read.
     """
 
-    def __init__(self, policy: DeliveryPolicy, bootstrap: str, topic: str, extra: dict):
-        self.bootstrap, self.topic, self.extra = bootstrap, dlq_topic(topic), extra
+    def __init__(self, policy: DeliveryPolicy, bootstrap: str, topic: str, extra: dict, group: str):
+        self.bootstrap, self.topic, self.extra, self.group = bootstrap, dlq_topic(topic), extra, group.encode()
         # failures only: a dead letter Kafka refuses is an error of the batch that sent it (see send)
         self._producer = KdgProducer(policy, bootstrap, extra, role=Role.DEAD_LETTERS, every_report=False)
         self._topic_ready = False
@@ -56,7 +59,7 @@ class DeadLetterQueue:
             self._topic_ready = True
         target = self._producer if own else producer
         for rec, reason, key, *extra in dead:
-            headers = dead_letter_headers(rec, reason, key)
+            headers = dead_letter_headers(rec, reason, key, self.group)
             target.send(self.topic, rec.value, rec.key, headers + extra[0] if extra else headers)
         if own:
             self._producer.deliver(f"dead letters to {self.topic}", timeout=60)

@@ -206,7 +206,7 @@ def run_spark_stream(req: StreamRequest) -> StreamReport:
                          id_from=req.id_from if id_kind == "json" else None,
                          value_format=req.value_format, registry=req.conn.registry,
                          dead_letters=DeadLetterSpec(policy.guarantee.value, req.conn.bootstrap_servers, req.topic,
-                                                     req.conn.extra))
+                                                     req.conn.extra, req.group))
         batches = _Batches(req, policy, store, spec, fences, report, positions)
         _run_query(req, master, policy, source_options, starting, checkpoint, trigger, id_kind, id_arg, batches,
                    report)

@@ -29,6 +29,7 @@ class DeadLetterSpec:
     bootstrap: str
     topic: str
     extra: dict
+    group: str             # the replay's or stream's group, stamped on each dead letter (kdg-group)
 
 
 @dataclass(frozen=True)
@@ -211,5 +212,5 @@ class _LazyDeadLetters:
             from kdg.sinks.dead_letters import DeadLetterQueue
 
             self._dlq = DeadLetterQueue(policy_for(self.spec.guarantee), self.spec.bootstrap, self.spec.topic,
-                                        self.spec.extra)
+                                        self.spec.extra, self.spec.group)
         self._dlq.send(dead)
