@@ -4,7 +4,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 from kdg.errors import UsageError
 from kdg.paths import default_state_dir
@@ -58,6 +58,9 @@ def connection(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
     for host in parts.netloc.rpartition("@")[2].split(","):  # host[:port], [v6]:port, comma-separated
         _, colon, port = host.rpartition("]")[2].partition(":")
         if colon and not (port.isdigit() and 0 < int(port) < 65536):
+            if "@" in dsn and "@" not in parts.netloc:  # the "port" is the start of a password cut short
+                raise UsageError(f"--pg-dsn {redact_dsn(dsn)!r}: the password holds a character a URL reserves; "
+                                 "percent-encode it (# as %23, ? as %3F, / as %2F, @ as %40)")
             raise UsageError(f"--pg-dsn {redact_dsn(dsn)!r}: port {port!r} is not a number from 1 to 65535")
     if profile_path(profile) is None and not bootstrap_servers and layout.secure:
         profile = layout.client_profile
@@ -83,15 +86,15 @@ def parse_properties(items: list[str], option: str = "-X", what: str = "a librdk
 
 
 def redact_dsn(dsn: str) -> str:
-    """A DSN fit to print: its password replaced by ``***``."""
-    try:
-        parts = urlsplit(dsn)
-    except ValueError:
-        return "<unparseable dsn>"
-    masked = dsn
-    if parts.password is not None:
-        masked = urlunsplit(parts._replace(netloc=parts.netloc.replace(f":{parts.password}@", ":***@")))
-    return _PASSWORD_SETTING.sub(r"\1***", masked)
+    """A DSN fit to print: its password replaced by ``***``.
+
+    Not parsed as a URL first: a password with ``#``, ``?`` or ``/`` in it, unencoded (libpq takes the first
+    two), reads to a URL parser as a fragment, a query or a path, with no password at all."""
+    return _PASSWORD_SETTING.sub(r"\1***", _URL_PASSWORD.sub(r"\1***\3", dsn))
+
+
+# scheme://user: … @host: the password runs from the user's colon to the LAST @ (a password may hold one too)
+_URL_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*://[^:@/]*:)(.*)(@[^@]*)$", re.S)
 
 
 # libpq's keyword style (``password = 'a b'``, quoted or not), or ?password= in a URL; any case, as printed

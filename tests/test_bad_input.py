@@ -64,6 +64,8 @@ ROWS = [
     bad("produce-not-a-dsn", "produce", "{new}", "--count", "3", "--pg-dsn", "notadsn", says="--pg-dsn"),
     bad("produce-dsn-bad-port", "produce", "{new}", "--count", "3", "--pg-dsn",
         f"postgresql://u:{SECRET}@127.0.0.1:abc/db", says="port"),
+    bad("consume-dsn-password-with-hash", "consume", "{new}", "-G", "g", "--pg-dsn",
+        f"postgresql://u:{SECRET}#x@127.0.0.1:1/db", says="percent-encode"),  # read as host u, "port" SECRETPW
     bad("produce-dsn-bad-parameter", "produce", "{new}", "--count", "3", "--pg-dsn", f"{DEAD_PG}?sslmode=bogus",
         says="sslmode"),
     bad("produce-pg-unreachable", "produce", "{new}", "--count", "3", "--pg-dsn", DEAD_PG, code=5, env=BRIEF_WAIT,
