@@ -641,3 +641,23 @@ def test_spark_replay_after_a_partial_consume_writes_each_key_once(kdg, conn, to
     assert (again["rows_read"], again["dead_lettered"]) == (600, 2), again
     assert [(r["order_id"], r["version"]) for r in rows(conn, latest)] == [
         (i, 1 if i in bad else 2) for i in range(300)]
+
+
+def test_rows_refused_by_an_upserts_modifier_or_an_index_limit_are_the_rows_not_the_batchs(kdg, conn, topic, group,
+                                                                                           table, tmp_path):
+    """Two keys equal only once numeric(10,0) rounds them, in one upsert batch (21000: ON CONFLICT cannot affect
+    a row twice), and a value too large for an index row (54000): before, each stopped the consumer with the
+    whole batch unwritten; now the first is written row by row (the later version wins), the second is
+    dead-lettered, and the rest of the batch lands."""
+    create(conn, "CREATE TABLE {t} (k numeric(10,0) PRIMARY KEY, name text UNIQUE)", table)
+    huge = os.urandom(12_000).hex()  # 24,000 characters that do not compress: past a btree row's 8191 bytes
+    produce(kdg, topic, tmp_path, [envelope("a", json.dumps(v)) for v in (
+        {"k": 1, "name": "one"}, {"k": 1.2, "name": "one again"}, {"k": 2, "name": huge}, {"k": 3, "name": "three"})])
+    report = consume(kdg, topic, group, "exactly-once", "--table", table, "--mode", "upsert",
+                     "--column", "k = json:k", "--column", "name = json:name")
+    assert (report["consumed"], report["processed"], report["dead_lettered"]) == (4, 3, 1), report
+    with Store(conn.pg_dsn) as store:
+        found = {int(r["k"]): r["name"] for r in store.fetch(f"SELECT k, name FROM {table}")}
+    assert found == {1: "one again", 3: "three"}, found
+    [letter] = dead_letters(kdg, topic)
+    assert letter["headers"]["kdg-sqlstate"] == "54000", letter["headers"]
