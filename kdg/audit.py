@@ -133,6 +133,10 @@ _GOT_KEYED_CLAIMS = _GOT_KEYED + """
                 WHERE d.sink_table = $7 AND d.topic = $1
                   AND NOT EXISTS (SELECT 1 FROM {table} t WHERE t.idempotency_key::text = d.idempotency_key)
                 GROUP BY d.idempotency_key"""
+_OTHER_TOPICS = """NOT EXISTS (SELECT 1 FROM kdg_dedup d WHERE d.sink_table = $7
+                                   AND d.idempotency_key = {table}.idempotency_key::text AND d.topic <> $1)
+                   OR EXISTS (SELECT 1 FROM kdg_dedup d WHERE d.sink_table = $7
+                              AND d.idempotency_key = {table}.idempotency_key::text AND d.topic = $1)"""
 _KDG_SHAPE = {"idempotency_key", "consumer_group", "topic"}
 CLAIMS_NOTE = ("counted from kdg_dedup: exactly-once claims every key it handled (written, replaced by a later "
                "version, deleted or refused); writes under weaker guarantees leave no claims, and at-least-once "
@@ -397,7 +401,8 @@ def _sink_keys(store, table, topic: str, report: AuditReport) -> tuple[str, str 
         return _GOT_PG.format(table=table.sql), None, True
     claims = store.fetchval("SELECT EXISTS (SELECT 1 FROM kdg_dedup WHERE sink_table = $1 AND topic = $2)",
                             table.text, topic)
-    where = "topic = $1" if "topic" in columns else "true"
+    # without a topic column, a key claimed from another topic only (two topics feeding one table) is that topic's
+    where = "topic = $1" if "topic" in columns else _OTHER_TOPICS.format(table=table.sql)
     if claims and "idempotency_key" in columns:
         report.basis, report.note = "idempotency_key column and kdg_dedup claims", KEYED_CLAIMS_NOTE
         return _GOT_KEYED_CLAIMS.format(table=table.sql, where=where), table.text, False

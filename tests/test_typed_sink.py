@@ -661,3 +661,17 @@ def test_rows_refused_by_an_upserts_modifier_or_an_index_limit_are_the_rows_not_
     assert found == {1: "one again", 3: "three"}, found
     [letter] = dead_letters(kdg, topic)
     assert letter["headers"]["kdg-sqlstate"] == "54000", letter["headers"]
+
+
+def test_two_topics_feeding_one_table_exactly_once_are_audited_each_on_its_own(kdg, conn, group, table, tmp_path):
+    """The table has no topic column; each key's claim says which topic it came from, so one topic's audit
+    does not count the other's rows as unexpected."""
+    create(conn, "CREATE TABLE {t} (id bigint PRIMARY KEY, idempotency_key text)", table)
+    topics = [f"t-{region}-{uuid.uuid4().hex[:6]}" for region in ("eu", "us")]
+    for n, topic in enumerate(topics):
+        produce(kdg, topic, tmp_path, [envelope(None, json.dumps({"id": 10 * n + i})) for i in range(3)])
+        consume(kdg, topic, f"{group}-{n}", "exactly-once", "--table", table, "--column", "id = json:id",
+                "--column", "idempotency_key = idempotency_key")
+    for n, topic in enumerate(topics):
+        audit = audited(kdg, topic, "--table", table, "-G", f"{group}-{n}")
+        assert (audit["rows"], audit["unexpected"], audit["lost"], audit["balanced"]) == (3, 0, 0, True), audit
