@@ -195,7 +195,8 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
         raise UsageError(f"--column and --mapping write a Postgres table; they cannot go with --sink {req.sink}")
     check_dedup_retention(req.dedup_retention, policy, kind)
     report = ConsumeReport(policy.guarantee.value, req.group, req.topic, req.sink)
-    with Metrics("consume", policy.guarantee.value, req.metrics_port, req.metrics_host) as metrics:
+    with Metrics("consume", policy.guarantee.value, req.metrics_port, req.metrics_host,
+                 lambda: req.shutdown.requested) as metrics:
         if metrics.enabled:
             req.notice(f"metrics on http://{req.metrics_host}:{metrics.port}/metrics (and /healthz, /readyz)")
 
@@ -244,9 +245,9 @@ def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metr
         def on_assign(assigned):
             chosen = offsets.assign(assigned)
             faults.reach("during-rebalance")  # partitions taken (fences bumped), not yet fetching
-            metrics.rebalanced(req.topic, "assigned", [p.partition for p in chosen],
-                               len(consumer.assigned) + len(chosen))
-            metrics.not_ready = None
+            held = len(consumer.assigned) + len(chosen)
+            metrics.rebalanced(req.topic, "assigned", [p.partition for p in chosen], held)
+            metrics.not_ready = None if held > 0 else "no partitions assigned"  # a member left with none
             return chosen
 
         def on_revoke(revoked):

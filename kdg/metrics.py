@@ -12,6 +12,7 @@ Per-record work stays off the hot path: counts arrive once per batch, lag once a
 import threading
 import time
 from collections import Counter as Tally
+from typing import Callable
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 from socketserver import ThreadingMixIn
 
@@ -40,8 +41,12 @@ class _Quiet(WSGIRequestHandler):
 class Metrics:
     """One command's metrics, served on ``port`` while :meth:`serve` runs; without a port, a cheap no-op."""
 
-    def __init__(self, command: str, guarantee: str, port: int | None = None, host: str = "0.0.0.0"):
+    def __init__(self, command: str, guarantee: str, port: int | None = None, host: str = "0.0.0.0",
+                 stop_requested: Callable[[], bool] = lambda: False):
+        """``stop_requested``: whether a signal asked the command to stop (``/readyz`` says 503 from that moment,
+        not only once the loop next looks)."""
         self.enabled = port is not None
+        self.stop_requested = stop_requested
         self.command, self.guarantee, self.port, self.host = command, guarantee, port, host
         self.registry = CollectorRegistry()
         self.beat = time.monotonic()
@@ -135,7 +140,7 @@ class Metrics:
         return app
 
     def reason_not_ready(self) -> str | None:
-        return "stopping" if self.stopping else self.not_ready
+        return "stopping" if self.stopping or self.stop_requested() else self.not_ready
 
     # -- what the loops report ----------------------------------------------------------------
     def turned(self) -> None:

@@ -375,7 +375,8 @@ def run_produce(req: ProduceRequest) -> ProduceReport:
         parse_retention(req.ledger_retention, "--ledger-retention")  # malformed: refused before anything is sent
     run_id = uuid.uuid4()
     report = ProduceReport(guarantee=policy.guarantee.value, topic=req.topic, run_id=str(run_id))
-    with Metrics("produce", policy.guarantee.value, req.metrics_port, req.metrics_host) as metrics:
+    with Metrics("produce", policy.guarantee.value, req.metrics_port, req.metrics_host,
+                 lambda: req.shutdown.requested) as metrics:
         if metrics.enabled:
             req.notice(f"metrics on http://{req.metrics_host}:{metrics.port}/metrics (and /healthz, /readyz)")
         try:

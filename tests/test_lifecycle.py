@@ -21,6 +21,7 @@ from conftest import as_json, audited
 from pg_server import free_port, pause_external_postgres, resume_external_postgres, start_external_postgres, \
     stop_external_postgres
 from kdg.chaos.proxy import FaultProxy
+from kdg.kafka.admin import ensure_topic
 from kdg.stack.cluster import java_classpath, require_java
 
 HANDLERS = {"PYTHONPATH": str(Path(__file__).parent)}
@@ -77,8 +78,10 @@ def _catches(pid: int, sig: int) -> bool:
 
 
 def _stop(proc: subprocess.Popen, sig=signal.SIGTERM) -> tuple[int, float, dict, str]:
-    """Signal ``proc`` and wait: (exit code, seconds it took, its --json report, stderr)."""
-    proc.send_signal(sig)
+    """Signal ``proc`` (None: it was signalled already) and wait: (exit code, seconds it took, its --json
+    report, stderr)."""
+    if sig is not None:
+        proc.send_signal(sig)
     started = time.monotonic()
     try:
         out, err = proc.communicate(timeout=SHUTDOWN_TIMEOUT_S + 30)
@@ -104,7 +107,10 @@ def test_sigterm_under_a_backlog_commits_exactly_what_was_processed(kdg, kdg_spa
                      "slow_handler:slow", "--metrics-port", port, "--metrics-host", "127.0.0.1", "--json",
                      env=HANDLERS)
     _wait_for(lambda: _total(_scrape(port), "kdg_records_written_total") >= 1000, "1000 records written", proc)
-    code, took, first, err = _stop(proc)
+    proc.send_signal(signal.SIGTERM)
+    # not ready from the signal on, while the handler's batch still runs: not only once the loop next looks
+    assert _get(port, "/readyz") == (503, "stopping\n")
+    code, took, first, err = _stop(proc, None)
     assert code == 0, err
     assert took < SHUTDOWN_TIMEOUT_S, f"took {took:.1f} s to stop"
     assert first["stopped_by"] == "SIGTERM" and 1000 <= first["consumed"] < total, first
@@ -137,6 +143,27 @@ def test_metrics_move_and_lag_falls_to_zero(kdg, kdg_spawn, topic, group):
     assert code == 0 and report["consumed"] == 5000, err
     with pytest.raises(urllib.error.URLError):
         _get(port, "/healthz")  # the server went with the process
+
+
+def test_a_member_left_without_partitions_is_not_ready(kdg, kdg_spawn, conn, group):
+    """Two members of one group on a one-partition topic: the one holding nothing answers /readyz 503."""
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    ports = free_port(), free_port()
+    members = [kdg_spawn("consume", topic, "-G", group, "-g", "at-least-once", "--metrics-port", port,
+                         "--metrics-host", "127.0.0.1", "--json") for port in ports]
+    gauge = f"kdg_assigned_partitions{{topic={topic}}}"  # set by each member's assignment, an empty one included
+
+    def settled():
+        found = [_scrape(p) for p in ports]
+        return found if all(gauge in f for f in found) and sum(f[gauge] for f in found) == 1 else None
+
+    found = _wait_for(settled, "both members assigned, the partition held by one", members[0])
+    idle = next(i for i, f in enumerate(found) if f[gauge] == 0)
+    assert _get(ports[idle], "/readyz") == (503, "no partitions assigned\n")
+    assert _get(ports[1 - idle], "/readyz") == (200, "ready\n")
+    for proc in members:
+        assert _stop(proc)[0] == 0
 
 
 def _transaction_states(bootstrap: str, prefix: str) -> dict[str, str]:
