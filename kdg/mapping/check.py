@@ -3,7 +3,7 @@
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kdg.mapping.spec import build_mapping
+from kdg.mapping.spec import build_mapping, spelled
 from kdg.settings import redact_dsn
 
 
@@ -18,7 +18,7 @@ class MappingCheckReport:
     table_state: str                 # exists | would be created | not checked (--offline)
     envelope: str = "none"           # none | debezium
     dsn: str | None = None           # without its password
-    columns: list[dict] = field(default_factory=list)  # name, type, from, table_type
+    columns: list[dict] = field(default_factory=list)  # name (as SQL spells it), type, from, table_type
 
     def to_dict(self) -> dict:
         return asdict(self) | {"ok": True}
@@ -39,9 +39,9 @@ def run_mapping_check(path: Path, dsn: str | None) -> MappingCheckReport:
         mapping = target.mapping
         state = "exists" if shape is not None else "would be created"
     return MappingCheckReport(
-        file=str(path), table=mapping.table.text, mode=mapping.mode, key=list(mapping.key),
+        file=str(path), table=mapping.table.text, mode=mapping.mode, key=list(map(spelled, mapping.key)),
         on_tombstone=mapping.on_tombstone, create_table=mapping.create_table, table_state=state,
         envelope=mapping.envelope,
         dsn=redact_dsn(dsn) if dsn else None,
-        columns=[{"name": c.name, "type": c.type_name, "from": c.source.spec,
+        columns=[{"name": spelled(c.name), "type": c.type_name, "from": c.source.spec,
                   "table_type": shape.types.get(c.name) if shape is not None else None} for c in mapping.columns])

@@ -16,10 +16,12 @@ or ``--mapping orders.toml``::
     [columns]
     order_id = { type = "bigint", from = "json:id" }
     note = { from = "json:note" }  # no type: the table's own (the table must exist)
+    '"OrderId"' = { from = "key" }   # names as SQL spells them: OrderId is orderid, "OrderId" keeps its case
 
 Flags override the file's values; a ``--column`` replaces the file's column of the same name.
 """
 
+import re
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -28,13 +30,38 @@ from kdg.errors import UsageError
 from kdg.mapping.sources import Source, parse_source
 from kdg.mapping.types import ColumnType, parse_type
 from kdg.schemas.formats import check_format
-from kdg.settings import TableName, sql_identifier, table_name
+from kdg.settings import TableName, table_name
 
 MODES = ("insert", "upsert")
 TOMBSTONES = ("dead-letter", "delete", "ignore")
 ENVELOPES = ("none", "debezium")
 _FILE_KEYS = {"table", "mode", "key", "on_tombstone", "create_table", "columns", "envelope", "value_format",
               "key_format"}
+# the NAME of 'NAME [TYPE] = SOURCE': a double-quoted name may hold spaces and '=' (its rule: column_name)
+_NAME = re.compile(r'\s*("(?:[^"]|"")*"|[^\s=]+)')
+
+
+def column_name(text: str, what: str = "column") -> str:
+    """``text`` read as Postgres reads a column name: unquoted, folded to lower case; double-quoted, kept as
+    written (``""`` for a quote). The rule, and the code, of a table's name (:func:`kdg.settings.table_name`),
+    of one part.
+
+    >>> column_name("OrderId"), column_name('"OrderId"')
+    ('orderid', 'OrderId')
+    """
+    try:
+        parsed = table_name(text.strip())
+    except UsageError:
+        parsed = None
+    if parsed is None or parsed.schema is not None:
+        raise UsageError(f'{what} name {text!r} must match [a-z_][a-z0-9_]* or be double-quoted ("OrderId"), '
+                         "as in SQL (1 to 63 bytes)")
+    return parsed.name
+
+
+def spelled(name: str) -> str:
+    """A column's name as SQL spells it, quoted only where it must be: ``order_id``, ``"OrderId"``."""
+    return TableName(None, name).text
 
 
 @dataclass(frozen=True)
@@ -45,14 +72,15 @@ class Column:
 
     @property
     def sql(self) -> str:
-        return f'"{self.name}"'
+        """For SQL text, double-quoted (a quote in it doubled): never the name as the user typed it."""
+        return TableName(None, self.name).sql
 
     @property
     def type_name(self) -> str | None:
         return self.type.name if self.type is not None else None
 
     def describe(self) -> str:
-        return f"{self.name} {self.type_name or '(the table’s type)'} = {self.source.spec}"
+        return f"{spelled(self.name)} {self.type_name or '(the table’s type)'} = {self.source.spec}"
 
 
 @dataclass(frozen=True)
@@ -89,24 +117,25 @@ class Mapping:
                                  "take it from key, key:FIELD, header:NAME or metadata")
 
     def to_dict(self) -> dict:
-        return {"table": self.table.text, "mode": self.mode, "key": list(self.key),
+        return {"table": self.table.text, "mode": self.mode, "key": list(map(spelled, self.key)),
                 "on_tombstone": self.on_tombstone, "create_table": self.create_table, "envelope": self.envelope,
                 "value_format": self.value_format, "key_format": self.key_format,
-                "columns": [{"name": c.name, "type": c.type_name, "from": c.source.spec} for c in self.columns]}
+                "columns": [{"name": spelled(c.name), "type": c.type_name, "from": c.source.spec}
+                            for c in self.columns]}
 
 
 def parse_column(spec: str) -> Column:
     """``'NAME [TYPE] = SOURCE'`` → a Column; a malformed spec is a usage error naming it."""
-    left, sep, source = spec.partition("=")
-    parts = left.split(None, 1)
-    if not sep or not parts or not source.strip():
+    name = _NAME.match(spec)
+    left, sep, source = spec[name.end() if name else 0:].partition("=")
+    if not name or not sep or not source.strip():
         raise UsageError(f"--column {spec!r}: expected 'NAME [TYPE] = SOURCE', e.g. 'order_id bigint = json:id' "
                          "(without TYPE, the table's own)")
-    return make_column(parts[0], parts[1] if len(parts) > 1 else None, source)
+    return make_column(name.group(1), left.strip() or None, source)
 
 
-def make_column(name: str, type_text: str | None, source: str) -> Column:
-    sql_identifier(name, "column")
+def make_column(text: str, type_text: str | None, source: str) -> Column:
+    name = column_name(text)
     return Column(name, parse_type(type_text, name) if type_text is not None else None,
                   parse_source(source, f"source of column {name!r}"))
 
@@ -126,6 +155,11 @@ def load_file(path: Path) -> dict:
     if not isinstance(columns, dict):
         raise UsageError(f"--mapping {path}: [columns] must be a table of NAME = {{ type = …, from = … }}")
     parsed = [_file_column(path, name, entry) for name, entry in columns.items()]
+    names = [c.name for c in parsed]
+    if len(set(names)) != len(names):  # OrderId and orderid: one column, as SQL reads them
+        twice = next(n for n in names if names.count(n) > 1)
+        raise UsageError(f"--mapping {path}: column {spelled(twice)} is named twice in [columns] "
+                         "(an unquoted name is folded to lower case)")
     key = doc.get("key", [])
     if isinstance(key, str):
         key = [key]
@@ -134,6 +168,8 @@ def load_file(path: Path) -> dict:
         value = key if name == "key" else doc.get(name)
         if value is not None and not isinstance(value, kind):
             raise UsageError(f"--mapping {path}: {name} must be a {kind.__name__}, not {value!r}")
+    if not all(isinstance(k, str) for k in key):
+        raise UsageError(f"--mapping {path}: key must list column names, not {key!r}")
     return {"table": doc.get("table"), "columns": parsed, "mode": doc.get("mode"), "key": tuple(key),
             "on_tombstone": doc.get("on_tombstone"), "create_table": doc.get("create_table"),
             "envelope": doc.get("envelope"), "value_format": doc.get("value_format"),
@@ -170,8 +206,9 @@ def build_mapping(*, file: Path | None = None, columns: list[str] | None = None,
         raise UsageError("a typed sink needs its table: --table [SCHEMA.]NAME, or table = in --mapping")
     envelope = envelope or base.get("envelope") or "none"
     cdc = envelope == "debezium"
+    key = tuple(column_name(k, "key column") for k in key or base.get("key") or ())  # spelled as the columns are
     mapping = Mapping(table_name(table), tuple(merged.values()),
-                      mode or base.get("mode") or ("upsert" if cdc else "insert"), key or base.get("key") or (),
+                      mode or base.get("mode") or ("upsert" if cdc else "insert"), key,
                       on_tombstone or base.get("on_tombstone") or ("delete" if cdc else "dead-letter"),
                       bool(create_table or base.get("create_table")), envelope,
                       value_format or base.get("value_format") or "json", key_format or base.get("key_format") or "json")
@@ -193,8 +230,6 @@ def validate(mapping: Mapping) -> Mapping:
             shown = f"column {reading.name!r} reads {reading.source.spec!r}" if reading else "envelope = debezium"
             raise UsageError(f"{kind}_format raw: {shown}, which needs the {kind} decoded; "
                              f"use json, avro, protobuf or json-schema, or no {what} source")
-    for name in mapping.key:
-        sql_identifier(name, "key column")
     if len(set(mapping.key)) != len(mapping.key):
         raise UsageError(f"key {list(mapping.key)} names a column twice")
     mapping.check_key(mapping.key, "key")
