@@ -87,7 +87,7 @@ def test_values_become_the_text_postgres_will_cast():
     doc = parse_json(b'{"s": "12.50", "n": 12.50, "i": 9007199254740993, "t": true, "f": false, "z": null, '
                      b'"o": {"b": [1, 2.0]}, "e": 1e3}')
     assert [as_text(doc[k]) for k in ("s", "n", "i", "t", "f", "z", "o", "e")] == [
-        "12.50", "12.50", "9007199254740993", "true", "false", None, '{"b":[1,2.0]}', "1E+3"]
+        "12.50", "12.50", "9007199254740993", "true", "false", None, '{"b":[1,2.0]}', "1e3"]
 
 
 def test_jsonb_values_are_json_text_with_numbers_exactly_as_written():
@@ -118,7 +118,7 @@ def test_nan_and_infinity_are_not_json():
 def test_types_parse_to_the_name_format_type_reports(text, name, formatted):
     parsed = parse_type(text)
     assert (parsed.name, parsed.formatted) == (name, formatted)
-    assert parsed.staged == ("jsonb" if name == "jsonb" else "text")
+    assert parsed.staged == "text"  # jsonb too: a value Postgres refuses fails its row's cast, not the COPY
 
 
 @pytest.mark.parametrize("text, name, formatted", [
@@ -192,7 +192,7 @@ def test_column_specs_parse():
 
 @pytest.mark.parametrize("spec, says", [
     ("order_id bigint", "expected 'NAME [TYPE] = SOURCE'"), ("= json:id", "expected 'NAME [TYPE] = SOURCE'"),
-    ("order_id bigint = ", "expected 'NAME [TYPE] = SOURCE'"), ("Order bigint = json:id", "column name 'Order'"),
+    ("order_id bigint = ", "expected 'NAME [TYPE] = SOURCE'"), ('"Order bigint = json:id', "column name '\"Order'"),
     ("order_id big;int = json:id", "'big;int' is not a type name"), ("order_id bigint = jsn:id", "unknown source"),
 ])
 def test_a_bad_column_spec_is_a_usage_error(spec, says):
@@ -447,7 +447,7 @@ def test_upsert_sql_keeps_the_latest_version_and_never_merges_null_keys():
     assert "DISTINCT ON ((s.c0)::bigint, CASE WHEN s.c0 IS NULL THEN s.seq END)" in sql
     assert "s.seq DESC" in sql and 'ON CONFLICT ("id") DO UPDATE SET "doc" = EXCLUDED."doc"' in sql
     assert "DELETE FROM \"app\".\"t\" t USING latest l WHERE l.tomb" in sql
-    assert "c1 jsonb" in target.stage_ddl() and "c0 text" in target.stage_ddl()
+    assert "c1 text" in target.stage_ddl() and "c0 text" in target.stage_ddl() and "(l.c1)::jsonb" in sql
     only_key = TypedTarget(build_mapping(columns=["id bigint = key"], table="t", mode="upsert", key=("id",)))
     assert only_key.write_sql()[0].endswith("DO NOTHING")
 

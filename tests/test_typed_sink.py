@@ -646,21 +646,22 @@ def test_spark_replay_after_a_partial_consume_writes_each_key_once(kdg, conn, to
 def test_rows_refused_by_an_upserts_modifier_or_an_index_limit_are_the_rows_not_the_batchs(kdg, conn, topic, group,
                                                                                            table, tmp_path):
     """Two keys equal only once numeric(10,0) rounds them, in one upsert batch (21000: ON CONFLICT cannot affect
-    a row twice), and a value too large for an index row (54000): before, each stopped the consumer with the
-    whole batch unwritten; now the first is written row by row (the later version wins), the second is
+    a row twice), a value too large for an index row (54000), and a jsonb number past numeric's range (22003,
+    met by the staging COPY when values were staged as jsonb): before, each stopped the consumer with the
+    whole batch unwritten; now the first is written row by row (the later version wins), the others are
     dead-lettered, and the rest of the batch lands."""
-    create(conn, "CREATE TABLE {t} (k numeric(10,0) PRIMARY KEY, name text UNIQUE)", table)
+    create(conn, "CREATE TABLE {t} (k numeric(10,0) PRIMARY KEY, name text UNIQUE, doc jsonb)", table)
     huge = os.urandom(12_000).hex()  # 24,000 characters that do not compress: past a btree row's 8191 bytes
-    produce(kdg, topic, tmp_path, [envelope("a", json.dumps(v)) for v in (
-        {"k": 1, "name": "one"}, {"k": 1.2, "name": "one again"}, {"k": 2, "name": huge}, {"k": 3, "name": "three"})])
+    produce(kdg, topic, tmp_path, [envelope("a", v) for v in (
+        '{"k": 1, "name": "one"}', '{"k": 1.2, "name": "one again"}', f'{{"k": 2, "name": "{huge}"}}',
+        '{"k": 3, "name": "three", "doc": {"x": 1.5e3}}', '{"k": 4, "name": "four", "doc": {"x": 1e200000}}')])
     report = consume(kdg, topic, group, "exactly-once", "--table", table, "--mode", "upsert",
-                     "--column", "k = json:k", "--column", "name = json:name")
-    assert (report["consumed"], report["processed"], report["dead_lettered"]) == (4, 3, 1), report
+                     "--column", "k = json:k", "--column", "name = json:name", "--column", "doc = json:doc")
+    assert (report["consumed"], report["processed"], report["dead_lettered"]) == (5, 3, 2), report
     with Store(conn.pg_dsn) as store:
-        found = {int(r["k"]): r["name"] for r in store.fetch(f"SELECT k, name FROM {table}")}
-    assert found == {1: "one again", 3: "three"}, found
-    [letter] = dead_letters(kdg, topic)
-    assert letter["headers"]["kdg-sqlstate"] == "54000", letter["headers"]
+        found = {int(r["k"]): (r["name"], r["doc"]) for r in store.fetch(f"SELECT k, name, doc::text FROM {table}")}
+    assert found == {1: ("one again", None), 3: ("three", '{"x": 1500}')}, found
+    assert sorted(d["headers"]["kdg-sqlstate"] for d in dead_letters(kdg, topic)) == ["22003", "54000"]
 
 
 def test_two_topics_feeding_one_table_exactly_once_are_audited_each_on_its_own(kdg, conn, group, table, tmp_path):

@@ -5,6 +5,8 @@ the record's place in its batch (Kafka order within a partition), so a rejected 
 its record and the latest version of a key wins an upsert.
 """
 
+import re
+
 from kdg.mapping.sources import as_text, json_text, parse_json
 from kdg.mapping.spec import Mapping
 
@@ -24,7 +26,7 @@ class RowMaker:
         self.columns = mapping.columns
         self._value_json = mapping.reads_value
         self._key_json = any(c.source.kind == "key" for c in mapping.columns)
-        self._readers = [_reader(c.source, json_text if c.type.reads_json else as_text) for c in mapping.columns]
+        self._readers = [_reader(c.source, c.type) for c in mapping.columns]
         self._jsonb = [c.type.base == "jsonb" for c in mapping.columns]
         self._tombstones = mapping.on_tombstone
         self._cdc = mapping.envelope == "debezium"
@@ -196,14 +198,37 @@ def _unwrapped(doc):
     return doc
 
 
-def _reader(source, text):
+def _reader(source, column_type):
     """``read(rec, key, doc, key_doc)`` → the column's text; a top-level JSON field (the common case) is
     read without the general path walk, once per record and column."""
+    if column_type.base == "bytea" and source.kind in ("key_text", "header"):
+        raw = source.raw  # the bytes, in bytea's hex form: as UTF-8 text, any other byte would become U+FFFD
+        return lambda rec, key, doc, key_doc: as_text(raw(rec))
+    if column_type.reads_json:
+        text = json_text
+    elif column_type.reads_epoch and source.kind in ("value", "key"):
+        text = _dated_text
+    else:
+        text = as_text
     if source.kind == "value" and not source.pointer:
         name = source.path[0]
         return lambda rec, key, doc, key_doc: text(doc.get(name)) if type(doc) is dict else None
     read = source.read
     return lambda rec, key, doc, key_doc: text(read(rec, key, doc, key_doc))
+
+
+_BASIC_DATE = re.compile(r"[0-9]{8}").fullmatch  # ISO 8601's basic date, YYYYMMDD
+
+
+def _dated_text(value) -> str | None:
+    """:func:`as_text` for a timestamptz, timestamp or date column. Digits alone are epoch milliseconds (a JSON
+    number, or a string: producers that write 64-bit numbers as strings), except a JSON string of exactly 8
+    digits, ISO 8601's basic date (``"20240229"``; as epoch milliseconds, 2 hours into 1970): it is staged with
+    a leading space, which the cast's epoch test does not pass and Postgres's date input skips, so Postgres
+    reads it as 2024-02-29, or refuses it and the row is dead-lettered with Postgres's reason."""
+    if type(value) is str:
+        return " " + value if _BASIC_DATE(value) else value
+    return as_text(value)
 
 
 def _storable(text: str, jsonb: bool) -> bool:

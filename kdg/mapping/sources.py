@@ -2,15 +2,16 @@
 
     json:FIELD          a top-level field of the JSON value, the name taken literally (dots included)
     json:/a/b           a JSON Pointer (RFC 6901) into the value: ``~1`` is ``/``, ``~0`` is ``~``
-    key                 the record key as UTF-8 text
+    key                 the record key as UTF-8 text (into bytea: its bytes as they are)
     key:FIELD, key:/p   the record key parsed as JSON, then a field or a pointer as above
-    header:NAME         a header's value as UTF-8 text (the last header of that name)
+    header:NAME         a header's value as UTF-8 text, the last header of that name (into bytea: its bytes)
     topic, partition, offset, timestamp, idempotency_key      the record's metadata
 
 A FIELD that begins with ``/`` is read as a pointer (``json:/~1x`` names a top-level field ``/x``).
 A missing field, a JSON ``null``, a missing key or header: NULL. Values reach Postgres as text, and
 Postgres casts them: JSON strings as they are, numbers and booleans as their JSON text (numbers
-exactly as written: ``12.50`` stays ``12.50``), objects and arrays as JSON text.
+exactly as written: ``12.50`` stays ``12.50``, ``1e5`` stays ``1e5``), objects and arrays as JSON text.
+JSON nested too deeply for Python's decoder is a ValueError, like any other JSON it cannot read.
 
 Example:
     >>> parse_source("json:/customer/name").path
@@ -35,8 +36,31 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-# numbers as Decimal keep their text exactly; NaN and Infinity (which Python's json allows) are refused
-_loads = json.JSONDecoder(parse_float=Decimal, parse_constant=_reject_constant).decode
+class JsonNumber(Decimal):
+    """A JSON number with a fraction or an exponent: a Decimal (exact, and a number to a JSON Schema) that keeps
+    its text as written. A Decimal's own text changes it: ``1e5`` is ``1E+5``, ``0.0000001`` is ``1E-7``
+    (which money refuses), ``100E-2`` is ``1.00``."""
+
+    __slots__ = ("text",)
+
+    def __str__(self) -> str:
+        return self.text
+
+    def __reduce__(self):  # a copy or a pickle is made as the decoder makes one: with its text
+        return json_number, (self.text,)
+
+
+def json_number(text: str) -> JsonNumber:
+    """The JsonNumber of a number's ``text``: json's ``parse_float``, called per number of every record, so
+    Decimal's own constructor and the text set after it (a ``__new__`` written in Python costs twice that)."""
+    number = JsonNumber(text)
+    number.text = text
+    return number
+
+
+# numbers with a fraction or exponent keep their text as written; NaN and Infinity (which Python's json allows)
+# are refused
+_loads = json.JSONDecoder(parse_float=json_number, parse_constant=_reject_constant).decode
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
@@ -72,6 +96,11 @@ class Source:
         if self.name == "timestamp":  # Kafka says -1 when a record has no timestamp
             return rec.timestamp if rec.timestamp is not None and rec.timestamp >= 0 else None
         return getattr(rec, self.name)
+
+    def raw(self, rec) -> bytes | None:
+        """The record key's or a header's bytes as they are (a ``key`` or ``header:`` source), for a bytea
+        column: :meth:`read` gives them as text, decoded as UTF-8, which changes any byte that is not."""
+        return rec.key if self.kind == "key_text" else rec.header(self.name)
 
     def text_of(self, rec, key: str | None = None, decode=None) -> str | None:
         """This source's value for ``rec`` as text, parsing what it needs; ValueError if that is not JSON
@@ -129,8 +158,12 @@ def walk(doc, path: tuple[str, ...], pointer: bool):
 
 
 def parse_json(data: bytes | None):
-    """A record's value or key as JSON (None stays None); ValueError if it is not JSON."""
-    return None if data is None else _loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+    """A record's value or key as JSON (None stays None); ValueError if it is not JSON, or nested too deeply
+    for Python's decoder (which then raises RecursionError: one record's fault, not the consumer's)."""
+    try:
+        return None if data is None else _loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+    except RecursionError as exc:
+        raise ValueError(f"nested too deeply to read ({exc})") from None
 
 
 def as_text(value) -> str | None:
@@ -138,6 +171,8 @@ def as_text(value) -> str | None:
     kind = type(value)
     if kind is str or value is None:
         return value
+    if kind is JsonNumber:
+        return value.text
     if kind is bool:
         return "true" if value else "false"
     if kind is int or kind is Decimal:
@@ -180,11 +215,14 @@ def json_text(value) -> str | None:
     if value is None:
         return None
     try:
-        return _dumps(value)
-    except TypeError:  # a Decimal (or a decoded value) somewhere inside: numbers exactly as they were written
-        return _json_with_decimals(value)
+        try:
+            return _dumps(value)
+        except TypeError:  # a Decimal (or a decoded value) somewhere inside: numbers exactly as they were written
+            return _json_with_decimals(value)
     except ValueError:  # a float NaN or Infinity (a decoded Avro or Protobuf double) somewhere inside
         raise ValueError("NaN or Infinity, which JSON (and so jsonb) has no words for") from None
+    except RecursionError:  # _json_with_decimals recurses per level: a document its decoder read, nested deeper
+        raise ValueError("nested too deeply to write as JSON text") from None
 
 
 def _scalar_text(value) -> str:
@@ -202,6 +240,8 @@ def _scalar_text(value) -> str:
 def _json_with_decimals(value) -> str:
     """JSON text of a value holding Decimals (numbers kept as written) or decoded values JSON has no type for
     (written as JSON strings of :func:`_scalar_text`)."""
+    if type(value) is JsonNumber:
+        return value.text
     if isinstance(value, Decimal):
         return str(value)
     if isinstance(value, (bytes, bytearray, memoryview, datetime, date, time, UUID)):

@@ -199,10 +199,13 @@ class SchemaDecoder:
 
     def _json_schema(self, schema_id: int, validator, payload: bytes):
         try:
-            doc = parse_json(payload)
+            doc = parse_json(payload)  # nested too deeply to read: a ValueError too
         except ValueError as exc:
             raise ValueError(f"bad JSON (schema id {schema_id}): {exc}") from None
-        error = next(iter(validator.iter_errors(doc)), None)
+        try:
+            error = next(iter(validator.iter_errors(doc)), None)
+        except RecursionError:  # a schema that refers to itself, followed down a deeply nested document
+            raise ValueError(f"nested too deeply to check against its JSON Schema (id {schema_id})") from None
         if error is not None:
             where = "/".join(str(p) for p in error.absolute_path)
             raise ValueError(f"does not match its JSON Schema (id {schema_id})"
@@ -280,6 +283,8 @@ def _json(text: bytes, **options):
         return json.loads(text, **options)
     except ValueError as exc:
         raise ValueError(f"not JSON ({exc})") from None
+    except RecursionError as exc:  # this one document's fault, like any other that cannot be read
+        raise ValueError(f"nested too deeply to read ({exc})") from None
 
 
 def _avro_ready(schema, value):
