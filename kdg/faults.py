@@ -2,7 +2,8 @@
 
 ``KDG_FAULT=after-commit-before-process`` SIGKILLs the process the first time it reaches that
 point; ``KDG_FAULT=after-commit-before-process@3`` the third time; ``…@3:stop`` SIGSTOPs it there
-instead (a paused process: a zombie once its partitions move, when SIGCONT wakes it). Tests and `kdg chaos` use it
+instead (a paused process: a zombie once its partitions move, when SIGCONT wakes it), ``…:term`` sends it
+SIGTERM (an orchestrator's stop, at that exact moment). Tests and `kdg chaos` use it
 to crash a consumer at an exact place in its loop, as a power cut would.
 """
 
@@ -20,7 +21,9 @@ KILL_POINTS = (
     "during-rebalance",
     "spark-task-mid-write",
     "spark-stream-before-positions",  # the driver: a micro-batch's rows written, its positions not stored yet
+    "spark-stream-after-batch",       # the driver: a micro-batch written and accounted for, not yet in Spark's log
 )
+_ACTIONS = {"": signal.SIGKILL, "stop": signal.SIGSTOP, "term": signal.SIGTERM}
 
 _hits: dict[str, int] = {}
 
@@ -32,9 +35,9 @@ def _armed() -> tuple[str, int, signal.Signals] | None:
         return None
     point, _, action = spec.partition(":")
     name, _, nth = point.partition("@")
-    if name not in KILL_POINTS or not (nth or "1").isdigit() or int(nth or 1) < 1 or action not in ("", "stop"):
-        raise UsageError(f"KDG_FAULT={spec!r}: use POINT[@N][:stop] with POINT one of {', '.join(KILL_POINTS)}")
-    return name, int(nth or 1), signal.SIGSTOP if action == "stop" else signal.SIGKILL
+    if name not in KILL_POINTS or not (nth or "1").isdigit() or int(nth or 1) < 1 or action not in _ACTIONS:
+        raise UsageError(f"KDG_FAULT={spec!r}: use POINT[@N][:stop|:term] with POINT one of {', '.join(KILL_POINTS)}")
+    return name, int(nth or 1), _ACTIONS[action]
 
 
 def check() -> None:

@@ -231,6 +231,8 @@ def _run_job(req: ReplayRequest, master: str, policy, ranges: Ranges, spec, id_k
     # an exception leaves this block carrying spark_log, Spark's log file, for _explain to name
     with spark_session(master, task_retries=policy.spark_task_retries, conf=req.spark_conf,
                        echo=req.echo) as run, _cancel_on_stop(req.shutdown, run.spark):
+        if req.shutdown.requested:  # asked while Spark started: the job is not begun (the caller says so)
+            raise Interrupted(f"{req.shutdown.signal}: stopped before the Spark job began", req.shutdown.signum)
         job_started = time.monotonic()
         in_order = req.mapping is not None and (req.mapping.mode == "upsert" or req.mapping.on_tombstone == "delete")
         frame = kafka_frame(run.spark, req.topic, ranges, source_options=source_options, split=not in_order)

@@ -152,3 +152,20 @@ def test_postgres_down_mid_stream_is_waited_for_and_the_batch_written_again(kdg,
     assert "Postgres" in err and ("went away" in err or "unreachable" in err), err[-3000:]  # the outage was met
     audit = audited(kdg, topic, "--table", table, "-G", group)
     assert (audit["lost"], audit["duplicates"], audit["pending"]) == (0, 0, 0), audit
+
+
+def test_a_sigterm_just_after_a_batch_is_written_does_not_write_it_twice(kdg, conn, topic, group, tmp_path):
+    """SIGTERM at the moment a micro-batch is written and accounted for, before Spark's commit log has it
+    (``KDG_FAULT=…:term``), with more batches waiting. The stop waits for Spark to record that batch, and
+    the next one, begun meanwhile, writes nothing: before, it ran (and a stop landing inside it cancelled
+    it half-written: each of its written rows again on restart under at-least-once, and exit 6)."""
+    kdg("produce", topic, "-g", "exactly-once", "--count", 1500)
+    table = f"stop_{uuid.uuid4().hex[:8]}"
+    stream = ("-g", "at-least-once", "--table", table, "--checkpoint", tmp_path / "checkpoint", "--max-per-batch", 500)
+    stopped = _lines(_stream(kdg, topic, group, *stream, "--trigger", "200ms",
+                             env={"KDG_FAULT": "spark-stream-after-batch@1:term"}))[-1]
+    assert (stopped["stopped_by"], stopped["batches"]) == ("SIGTERM", 1), stopped
+    rest = _lines(_stream(kdg, topic, group, *stream, "--trigger", "available-now"))[-1]
+    assert stopped["rows_written"] + rest["rows_written"] == 1500, (stopped, rest)
+    audit = audited(kdg, topic, "--table", table, "-G", group)
+    assert (audit["rows"], audit["duplicates"], audit["lost"]) == (1500, 0, 0), audit

@@ -217,9 +217,30 @@ def _start(settings: dict[str, str], log: Path):
     with open(log, "ab") as out, _workers_python():
         # a second session in this process reuses the running JVM, which kdg cannot redirect again
         gateway = None if SparkContext._gateway else launch_gateway(conf, popen_kwargs={"stdout": out, "stderr": out})
-        SparkContext(conf=conf, gateway=gateway)
+        # made off the main thread, PySpark installs no SIGINT handler of its own: its handler raises
+        # KeyboardInterrupt wherever the main thread is (mid-py4j-call: tracebacks, exit 130), while kdg's
+        # reads a stop between steps
+        _off_main_thread(lambda: SparkContext(conf=conf, gateway=gateway))
     _jvm_log = log
     return SparkSession.builder.getOrCreate()
+
+
+def _off_main_thread(make):
+    """``make()`` run on a thread of its own, waited for; what it raises is raised here."""
+    done: dict = {}
+
+    def run() -> None:
+        try:
+            done["value"] = make()
+        except BaseException as exc:
+            done["error"] = exc
+
+    worker = threading.Thread(target=run, name="kdg-spark-start", daemon=True)
+    worker.start()
+    worker.join()
+    if "error" in done:
+        raise done["error"]
+    return done["value"]
 
 
 @contextmanager

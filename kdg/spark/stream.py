@@ -282,11 +282,17 @@ class _Batches:
         self._locked_on = store.conn      # the connection holding the group's lock (kdg.store.offsets.hold_stream)
         self.failed: BaseException | None = None  # what ended the query from inside a batch
         self.active = False
+        self.finished = -1  # the last batch written and accounted for (Spark records it in its commit log next)
 
     def __call__(self, frame, batch_id: int) -> None:
         from kdg.spark.job import run_write
 
-        self.active = True
+        self.active = True  # before the stop check: a stop asked from here on waits for this batch
+        if self.req.shutdown.requested:
+            # nothing written: the query ends failed, and the restart runs this batch, planned alike, from its
+            # offsets (a batch cancelled mid-write would be written twice under at-least-once)
+            self.active = False
+            raise _NotStarted(f"batch {batch_id} not started: a stop was asked")
         started, attempts = time.monotonic(), 0
         try:
             while True:
@@ -305,6 +311,8 @@ class _Batches:
             self._store_positions(nexts)
             self.positions.update(nexts)
             self._account(batch_id, totals, nexts, time.monotonic() - started, attempts)
+            self.finished = batch_id
+            faults.reach("spark-stream-after-batch")  # a stop here must wait for Spark to record the batch
         except BaseException as exc:
             self.failed = exc
             raise
@@ -393,6 +401,7 @@ def _run_query(req, master, policy, source_options, starting, checkpoint, trigge
     started = time.monotonic()
     with spark_session(master, task_retries=policy.spark_task_retries, conf=req.spark_conf, echo=req.echo,
                        app="kdg spark-stream") as run:
+        req.shutdown.reclaim()  # PySpark's context took SIGINT for itself (a KeyboardInterrupt wherever we are)
         run.spark.conf.set("spark.sql.streaming.stopTimeout", str(int(req.shutdown.timeout * 1000)))
         reader = (run.spark.readStream.format("kafka").options(**source_options)
                   .option("subscribe", req.topic)
@@ -422,13 +431,19 @@ def _run_query(req, master, policy, source_options, starting, checkpoint, trigge
             raise DeliveryError(f"the stream failed: {str(exc).splitlines()[0][:300]} (Spark's log: {run.log})")
 
 
+class _NotStarted(Exception):
+    """A micro-batch refused because a stop was asked before it began (:meth:`_Batches.__call__`)."""
+
+
 def _await(query, shutdown: Shutdown, batches: _Batches, report: StreamReport) -> None:
     """Until the query ends (available-now drained, or it failed) or a stop is asked; a stop lets the batch in
-    flight finish first, within the shutdown timeout."""
+    flight finish first, within the shutdown timeout, and Spark record it as done: stopped between our
+    write and its commit log, Spark would run the batch again on restart (duplicates under at-least-once)."""
     while query.isActive:
         if shutdown.requested:
             deadline = time.monotonic() + shutdown.timeout
-            while batches.active and time.monotonic() < deadline:
+            while query.isActive and time.monotonic() < deadline and (
+                    batches.active or not _recorded(query, batches.finished)):
                 time.sleep(0.1)
             report.stopped_by = shutdown.signal or "stop requested"
             return
@@ -436,7 +451,22 @@ def _await(query, shutdown: Shutdown, batches: _Batches, report: StreamReport) -
             query.awaitTermination(0.5)
         except Exception:  # the query failed (raised here as StreamingQueryException): read below
             break
-    report.stopped_by = report.stopped_by or ("end of available data" if batches.failed is None else "failed")
+    if shutdown.requested:  # the query ended on the batch a stop refused to start (_NotStarted)
+        report.stopped_by = shutdown.signal or "stop requested"
+    else:
+        report.stopped_by = report.stopped_by or ("end of available data" if batches.failed is None else "failed")
+
+
+def _recorded(query, batch_id: int) -> bool:
+    """Whether Spark has recorded micro-batch ``batch_id`` as done: its progress for a batch is reported
+    after the batch's commit-log entry is written."""
+    if batch_id < 0:
+        return True
+    try:
+        progress = query.lastProgress
+    except Exception:  # the query ended meanwhile
+        return True
+    return progress is not None and progress["batchId"] >= batch_id
 
 
 def _explain(exc: BaseException, policy):
