@@ -9,7 +9,7 @@ from itertools import repeat
 from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Callable, Iterable
 
-from kdg.errors import DeliveryError, KdgError, ProducerFatal, TransactionAborted
+from kdg.errors import ConnectionFailed, DeliveryError, KdgError, ProducerFatal, TransactionAborted
 from kdg.guarantees import policy_for
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.producer import DeliveryReports, KdgProducer, refusals_for_good, refused
@@ -413,12 +413,17 @@ def _produce(req: ProduceRequest, policy, run_id, report: ProduceReport, metrics
         except BaseException:
             store.close()
             raise
-        ledger = LedgerWriter(store)  # COPYs on its own thread until closed
+        def waiting(reason: str | None) -> None:  # the ledger's Postgres went away (sending pauses), or is back
+            metrics.not_ready = reason
+            req.notice(reason or "producer ledger: Postgres is back; its rows are written again")
+
+        ledger = LedgerWriter(store, shutdown=req.shutdown, waiting=waiting)  # COPYs on its own thread until closed
     make_id = id_maker(req.id_template)
     outcomes = _Outcomes(report, ledger, run_id, req.topic, confirms=policy.confirms_delivery, metrics=metrics,
                          keys=make_id)
     started = time.monotonic()
     metrics.not_ready = None
+    failed = False
     try:
         try:
             if policy.transactional:
@@ -429,12 +434,18 @@ def _produce(req: ProduceRequest, policy, run_id, report: ProduceReport, metrics
             metrics.stopping = True
             outcomes.close()  # the run lasts until its ledger is written
             outcomes.show()
+    except BaseException:
+        failed = True
+        raise
     finally:
         report.duration_s = round(time.monotonic() - started, 3)
         report.msgs_per_s = round(report.sent / report.duration_s, 1) if report.duration_s else 0.0
         if store is not None:
             try:
-                store.across_restart(lambda: store.finish_run(run_id, report.to_dict()))
+                store.across_restart(lambda: store.finish_run(run_id, report.to_dict()), sleep=req.shutdown.sleep)
+            except ConnectionFailed:
+                if not failed:  # else the ledger's own error, already on its way, says more
+                    raise
             finally:
                 store.close()
 

@@ -248,6 +248,28 @@ def test_a_consumer_started_before_its_postgres_waits_for_it(kdg, kdg_spawn, top
         stop_external_postgres(base)
 
 
+def test_a_producer_stopped_while_its_ledgers_postgres_is_away_says_what_is_unrecorded(kdg, kdg_spawn, topic):
+    """Postgres goes away under a steady produce: sending pauses with the ledger, /readyz says why, and a
+    SIGTERM ends the wait at once (before: a hang to the shutdown timeout, exit 143), with exit 5 and how
+    many acknowledged records have no ledger rows."""
+    dsn, base = start_external_postgres()
+    try:
+        pg = {"KDG_PG_DSN": dsn}
+        kdg("db", "migrate", env=pg)
+        port = free_port()
+        proc = kdg_spawn("produce", topic, "--rate", 500, "--metrics-port", port, "--metrics-host", "127.0.0.1",
+                         "--json", env=pg)
+        _wait_for(lambda: _total(_scrape(port), "kdg_records_acked_total") >= 500, "500 records acked", proc)
+        pause_external_postgres(base)
+        _wait_for(lambda: (answer := _get(port, "/readyz"))[0] == 503 and "producer ledger" in answer[1],
+                  "readiness to say the ledger waits", proc)
+        code, took, _, err = _stop(proc)
+        assert (code, took < 10) == (5, True), (code, took, err)
+        assert "records Kafka acknowledged have no ledger rows" in err and "password" not in err.lower(), err
+    finally:
+        stop_external_postgres(base)
+
+
 def test_kdg_frees_its_kafka_clients_before_python_ends(conn, topic, monkeypatch):
     """A client an error left behind (the producer in its traceback: it holds its owner through its callbacks, so
     only the cycle collector frees it) goes before ``main`` exits, not in the interpreter's finalisation, where

@@ -12,7 +12,9 @@ import json
 import queue
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
+
+from kdg.errors import ConnectionFailed
 
 if TYPE_CHECKING:  # pg.py mixes LedgerMixin into Store: importing it here at run time would be a cycle
     from kdg.store.pg import Store
@@ -72,23 +74,36 @@ class LedgerMixin:
 class LedgerWriter:
     """Takes over ``store`` until :meth:`close`: no one else may use it meanwhile.
 
-    A batch that fails to be written (Postgres gone, a refused statement) stops the writer: nothing
-    more is written, and the error is raised once, by the next :meth:`write` or else by :meth:`close`.
+    A batch that fails to be written (Postgres gone past ``pg_wait``, a refused statement, a stop asked
+    while waiting for Postgres) stops the writer: nothing more is written, and the error is raised once,
+    by the next :meth:`write` or else by :meth:`close`, saying how many acknowledged records have no row.
+    ``shutdown`` (:class:`kdg.lifecycle.Shutdown`) ends those waits; ``waiting(reason)`` hears when the
+    writer starts waiting for Postgres (a reason) and when it wrote again (None): readiness, and a notice.
     """
 
-    def __init__(self, store: "Store", depth: int = 2, pg_wait: float = 120.0):
-        self._store, self.pg_wait = store, pg_wait
+    def __init__(self, store: "Store", depth: int = 2, pg_wait: float = 120.0, shutdown=None,
+                 waiting: Callable[[str | None], None] = lambda reason: None):
+        self._store, self.pg_wait, self._shutdown, self._waiting = store, pg_wait, shutdown, waiting
         self._batches: queue.Queue[list[tuple] | None] = queue.Queue(maxsize=depth)
         self._error: BaseException | None = None
         self._error_raised = False
+        self.unwritten = 0  # records whose rows failed to be written, or were queued behind a failure
         self._thread = threading.Thread(target=self._run, name="kdg-ledger-writer", daemon=True)
         self._thread.start()
 
     def write(self, rows: list[tuple]) -> None:
-        """Queue ``rows`` (the list is the writer's from now on); waits while ``depth`` batches are queued."""
+        """Queue ``rows`` (the list is the writer's from now on); waits while ``depth`` batches are queued
+        (Postgres slow, or away: sending pauses with it), unless a stop is asked meanwhile."""
         self._raise_failure()
-        if rows:
-            self._batches.put(rows)
+        while rows:
+            try:
+                self._batches.put(rows, timeout=0.2)
+                return
+            except queue.Full:
+                if self._shutdown is not None and self._shutdown.requested:
+                    self.unwritten += _records(rows)
+                    self._raise_failure()  # the writer gave up meanwhile: its error says why
+                    raise ConnectionFailed("stopped while the producer ledger waited for Postgres")
 
     def close(self) -> None:
         """Wait until every queued batch is written; raise the error that stopped the writer, if one did."""
@@ -100,7 +115,11 @@ class LedgerWriter:
     def _raise_failure(self) -> None:
         if self._error is not None and not self._error_raised:
             self._error_raised = True
-            raise self._error
+            if not isinstance(self._error, ConnectionFailed):
+                raise self._error
+            raise ConnectionFailed(f"the producer ledger could not be written ({self._error}): {self.unwritten:,} "
+                                   "records Kafka acknowledged have no ledger rows, so an audit counts them as "
+                                   "unexpected") from self._error
 
     def _run(self) -> None:
         while (rows := self._batches.get()) is not None:
@@ -109,9 +128,26 @@ class LedgerWriter:
                     self._copy(rows)
                 except BaseException as exc:  # handed to the producer's thread, which decides
                     self._error = exc
+            if self._error is not None:
+                self.unwritten += _records(rows)
 
     def _copy(self, rows: list[tuple]) -> None:
         """COPY ``rows``; Postgres gone (a restart) is waited for and the COPY made again. A COPY whose
         answer was lost may have committed: its rows are then there twice, which the audit, counting
         keys, does not mind — a row missing would be a record it could not account for."""
-        self._store.across_restart(lambda: self._store.copy_ledger(rows), self.pg_wait)
+        waited = []
+
+        def notice(text: str) -> None:
+            if not waited:
+                self._waiting(f"producer ledger: {text}")
+            waited.append(text)
+
+        sleep = self._shutdown.sleep if self._shutdown is not None else time.sleep
+        self._store.across_restart(lambda: self._store.copy_ledger(rows), self.pg_wait, notice, sleep)
+        if waited:
+            self._waiting(None)
+
+
+def _records(rows: list[tuple]) -> int:
+    """The records ledger ``rows`` stand for: a run's row counts its ``seq_count`` (LEDGER_COLUMNS)."""
+    return sum(row[8] if len(row) > 8 and row[8] else 1 for row in rows)

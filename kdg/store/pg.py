@@ -171,8 +171,10 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
         self._stages.clear()
         return time.monotonic() - started
 
-    def across_restart(self, call: Callable[[], object], give_up_after: float = 120.0):
-        """``call()``; when it fails because Postgres went away (a restart), wait for it and call again.
+    def across_restart(self, call: Callable[[], object], give_up_after: float = 120.0,
+                       notice: Callable[[str], None] = lambda text: None, sleep: Callable[[float], object] = time.sleep):
+        """``call()``; when it fails because Postgres went away (a restart), wait for it and call again
+        (``notice`` and ``sleep`` as :meth:`reconnect` takes them: a stop ends the wait).
 
         Only for statements that may run twice: one whose answer was lost may have committed.
         """
@@ -181,7 +183,7 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
         except ConnectionFailed:
             if self.alive():
                 raise
-            self.reconnect(give_up_after)
+            self.reconnect(give_up_after, notice, sleep)
             return call()
 
     def close(self) -> None:
