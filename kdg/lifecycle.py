@@ -194,6 +194,9 @@ def _exit_now(text: str, signum: int) -> None:
     os._exit(128 + signum)
 
 
+LAST_TRY_S = 0.05  # less time than this left of a wait: no attempt is worth another round
+
+
 def attempt_s(wait_timeout: float, shutdown: Shutdown | None = None) -> float:
     """How long one start-up attempt to reach a server may block in a client call (which a signal does not cut
     short): no longer than the whole wait (``--wait-timeout 0`` answers within a second), nor than half the
@@ -217,11 +220,12 @@ def wait_until_up(what: str, connect: Callable[[], T], timeout: float, shutdown:
             return connect()
         except ConnectionFailed as exc:
             waited = time.monotonic() - started
-            if not exc.retriable or waited + delay > timeout:
+            left = timeout - waited  # the last attempt is made at the deadline, not a back-off before it
+            if not exc.retriable or left < LAST_TRY_S:
                 if attempt > 1:
                     raise type(exc)(f"{exc} (waited {waited:.0f} s for {what}, --wait-timeout {timeout:g})") from exc
                 raise
             notice(f"waiting for {what} (attempt {attempt}, {waited:.0f} s of {timeout:g}): {exc}")
-            if shutdown.requested or shutdown.sleep(delay):
+            if shutdown.requested or shutdown.sleep(min(delay, left)):
                 raise StopRequested(what) from exc
             delay = min(delay * 2, 5.0)

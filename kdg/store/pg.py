@@ -19,6 +19,7 @@ from typing import Callable
 import asyncpg
 
 from kdg.errors import ConnectionFailed, KdgError, PostgresRefused, RetryBatch
+from kdg.lifecycle import LAST_TRY_S
 from kdg.settings import TableName, redact_dsn
 from kdg.store.claims import ClaimsMixin
 from kdg.store.ledger import LedgerMixin
@@ -159,12 +160,13 @@ class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, Wi
                 break
             except ConnectionFailed as exc:
                 waited = time.monotonic() - started
-                if waited + delay > give_up_after:
+                left = give_up_after - waited  # the last attempt at the deadline, not a back-off before it
+                if left < LAST_TRY_S:
                     raise ConnectionFailed(f"Postgres did not come back within {give_up_after:g} s "
                                            f"(attempt {attempt}): {exc}") from exc
                 notice(f"Postgres unreachable (attempt {attempt}, {waited:.1f} s): {exc}; "
-                       f"retrying in {delay:g} s")
-                if sleep(delay) is True:
+                       f"retrying in {min(delay, left):.2g} s")
+                if sleep(min(delay, left)) is True:
                     raise ConnectionFailed(f"stopped while waiting for Postgres (attempt {attempt}): {exc}") from exc
                 delay = min(delay * 2, 5.0)
         self.conn = conn
