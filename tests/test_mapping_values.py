@@ -11,6 +11,7 @@ import uuid
 from datetime import date, datetime, timezone
 from decimal import Decimal
 
+from conftest import as_json
 from test_typed_sink import consume, dead_letters, produce
 
 from kdg.store.pg import Store
@@ -38,10 +39,11 @@ def test_values_land_as_written_and_a_value_nested_too_deeply_is_dead_lettered(k
     numbers reach text, json, numeric and money as written (0.0000001, 1e5, 100E-2: no 1E-7 that money
     refuses); a value nested deeper than Python's JSON decoder goes is a bad-JSON dead letter, and the rest of
     its batch is written."""
-    table = f"public.values_{uuid.uuid4().hex[:8]}"
+    table, replayed = (f"public.values_{uuid.uuid4().hex[:8]}" for _ in range(2))
     with Store(conn.pg_dsn) as store:
-        store.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, kb bytea, hb bytea, kt text, d date, "
-                      "ts timestamptz, nt text, nn numeric, nm money, js json)")
+        for name in (table, replayed):
+            store.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, kb bytea, hb bytea, kt text, d date, "
+                          "ts timestamptz, nt text, nn numeric, nm money, js json)")
     nested = '{"id": 4, "x": ' + "[" * 5000 + "]" * 5000 + "}"
     produce(kdg, topic, tmp_path, [
         record(KEY, '{"id": 1, "d": "20240229", "ts": "20240229", "n": 0.0000001, "js": {"a": 1e5, "b": 100E-2}}',
@@ -54,8 +56,8 @@ def test_values_land_as_written_and_a_value_nested_too_deeply_is_dead_lettered(k
     ])
     columns = ["id = json:id", "kb = key", "hb = header:h", "kt = key", "d = json:d", "ts = json:ts",
                "nt = json:n", "nn = json:n", "nm = json:n", "js = json:js"]
-    report = consume(kdg, topic, group, "exactly-once", "--table", table,
-                     *[arg for c in columns for arg in ("--column", c)])
+    flags = [arg for c in columns for arg in ("--column", c)]
+    report = consume(kdg, topic, group, "exactly-once", "--table", table, *flags)
     assert (report["consumed"], report["processed"], report["dead_lettered"]) == (6, 4, 2), report
 
     with Store(conn.pg_dsn) as store:
@@ -77,3 +79,11 @@ def test_values_land_as_written_and_a_value_nested_too_deeply_is_dead_lettered(k
     assert letters["4"]["kdg-dlq-reason"].startswith("bad JSON: nested too deeply to read"), letters["4"]
     assert letters["5"]["kdg-sqlstate"] == "22008", letters["5"]  # month 13: refused, never taken as 1970
     assert "20241399" in letters["5"]["kdg-sql-message"], letters["5"]
+
+    # spark-replay maps each record with the same code, from what Spark hands its executors: the same rows
+    spark = as_json(kdg("spark-replay", topic, "-g", "exactly-once", "--table", replayed, *flags, "--json"))
+    assert (spark["rows_read"], spark["rows_written"], spark["dead_lettered"]) == (6, 4, 2), spark
+    with Store(conn.pg_dsn) as store:
+        both = [[tuple(r) for r in store.fetch(f"SELECT id, kb, hb, kt, d, ts, nt, nn, nm::numeric, js::text "
+                                               f"FROM {name} ORDER BY id")] for name in (table, replayed)]
+    assert both[0] == both[1], both

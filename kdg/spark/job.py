@@ -59,9 +59,13 @@ def key_expression(id_kind: str | None, id_arg: str | None, *, required: bool) -
 def sink_rows(frame, key_sql: str, *, with_timestamp: bool = False):
     """The Kafka frame shaped as the store's sink rows (headers as one JSON object, as `kdg consume` writes).
 
-    ``with_timestamp`` adds each record's timestamp in epoch milliseconds, for a typed sink's mapping.
+    ``with_timestamp`` adds what a typed sink's mapping rebuilds each record from: its timestamp in epoch
+    milliseconds, and its headers' bytes (base64 in a JSON object: the sink row's headers are text, which
+    turns bytes that are not UTF-8 into U+FFFD, where a header mapped into bytea must keep them).
     """
-    extra = ["unix_millis(timestamp) AS `timestamp`"] if with_timestamp else []
+    extra = ["unix_millis(timestamp) AS `timestamp`",
+             "coalesce(to_json(map_from_entries(transform(headers, h -> struct(h.key, base64(h.value))))), '{}') "
+             "AS `header_bytes`"] if with_timestamp else []
     return frame.selectExpr(*spark_projection(key_sql), *extra)
 
 

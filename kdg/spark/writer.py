@@ -6,6 +6,7 @@ summary row. Spark keeps only successful tasks' results, so the summed counts ar
 a task was retried.
 """
 
+import base64
 import json
 from dataclasses import dataclass
 from typing import Iterator
@@ -18,7 +19,8 @@ from kdg.store.rows import SINK_COLUMNS
 SUMMARY_SCHEMA = ("rows_read long, rows_written long, duplicates_dropped long, chunks long, dead_lettered long, "
                   "probes_skipped long, offsets string")  # offsets: {partition: the highest offset this task read}, as JSON
 COLUMNS = SINK_COLUMNS
-RECORD_COLUMNS = (*SINK_COLUMNS, "timestamp")  # a typed sink rebuilds each record: the sink row and its timestamp
+# a typed sink rebuilds each record: the sink row, its timestamp, and its headers' bytes (kdg.spark.job.sink_rows)
+RECORD_COLUMNS = (*SINK_COLUMNS, "timestamp", "header_bytes")
 
 
 @dataclass(frozen=True)
@@ -191,10 +193,11 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
 
 
 def _records(batch) -> Iterator[tuple[Record, str | None]]:
-    """Arrow rows back into records (headers from their JSON object: a repeated name keeps its last value)."""
-    for key, topic, partition, offset, k, v, headers, ts in zip(
+    """Arrow rows back into records (headers as their bytes, from a JSON object of base64: a repeated name keeps
+    its last value, as in `kdg consume`'s mapping)."""
+    for key, topic, partition, offset, k, v, _text, ts, raw in zip(
             *[batch.column(name).to_pylist() for name in RECORD_COLUMNS]):
-        pairs = [(name, None if h is None else h.encode()) for name, h in json.loads(headers).items()]
+        pairs = [(name, None if h is None else base64.b64decode(h)) for name, h in json.loads(raw).items()]
         yield Record(v, k, pairs, partition, topic, offset, ts), key
 
 
