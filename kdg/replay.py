@@ -247,8 +247,8 @@ def _run_job(req: ReplayRequest, master: str, policy, ranges: Ranges, spec, id_k
 @contextlib.contextmanager
 def _cancel_on_stop(shutdown: Shutdown, spark):
     """While the job runs, a stop request cancels it (from a thread of ours: the main thread is inside a
-    py4j call). PySpark's context took SIGINT for itself (its handler raises KeyboardInterrupt wherever
-    the main thread is), so the signals are taken back first."""
+    py4j call). The signals are taken back first, should anything have installed its own handler since
+    (PySpark does, for a context made on the main thread: kdg makes it on another, kdg.spark.session)."""
     shutdown.reclaim()
     done = threading.Event()
 

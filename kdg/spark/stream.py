@@ -401,7 +401,6 @@ def _run_query(req, master, policy, source_options, starting, checkpoint, trigge
     started = time.monotonic()
     with spark_session(master, task_retries=policy.spark_task_retries, conf=req.spark_conf, echo=req.echo,
                        app="kdg spark-stream") as run:
-        req.shutdown.reclaim()  # PySpark's context took SIGINT for itself (a KeyboardInterrupt wherever we are)
         run.spark.conf.set("spark.sql.streaming.stopTimeout", str(int(req.shutdown.timeout * 1000)))
         reader = (run.spark.readStream.format("kafka").options(**source_options)
                   .option("subscribe", req.topic)
@@ -415,7 +414,7 @@ def _run_query(req, master, policy, source_options, starting, checkpoint, trigge
         query = (rows.writeStream.foreachBatch(batches).option("checkpointLocation", checkpoint)
                  .trigger(**trigger).queryName(f"kdg-{req.group}-{req.topic}"[:100]).start())
         report.spark_start_s = round(time.monotonic() - started, 3)
-        req.shutdown.reclaim()  # PySpark took SIGINT for itself; a stop is kdg's to read between batches
+        req.shutdown.reclaim()  # had anything taken SIGINT meanwhile: a stop is kdg's to read between batches
         streaming = time.monotonic()
         try:
             _await(query, req.shutdown, batches, report)
