@@ -358,15 +358,30 @@ class _Batches:
             return
         from kdg.kafka.admin import high_watermarks
 
+        # where Spark goes on from: past a transaction's closing marker, which no record's offset (positions) shows
+        at = _planned_ends(self.report.checkpoint, batch_id, self.req.topic)
+        at.update({p: max(o, at.get(p, o)) for p, o in self.positions.items()})
         try:
             ends = high_watermarks(self.req.conn.bootstrap_servers, self.req.topic, self.req.conn.extra)
-            lag = {p: max(end - self.positions[p], 0) for p, end in sorted(ends.items()) if p in self.positions}
+            lag = {p: max(end - at[p], 0) for p, end in sorted(ends.items()) if p in at}
         except ConnectionFailed:
             lag = {}
         self.req.on_batch(BatchReport(batch_id, totals["rows_read"], totals["rows_written"],
                                       totals["duplicates_dropped"], totals["dead_lettered"], round(seconds, 3),
                                       round(totals["rows_read"] / seconds, 1) if seconds else 0.0, nexts, lag,
                                       attempts))
+
+
+def _planned_ends(checkpoint: str, batch_id: int, topic: str) -> dict[int, int]:
+    """Where Spark planned micro-batch ``batch_id`` to end on each partition of ``topic``: the last line of its
+    offsets log, in a checkpoint this process can read ({} for another URI, or a log it cannot read)."""
+    if "://" in checkpoint and not checkpoint.startswith("file://"):
+        return {}
+    try:
+        planned = (Path(checkpoint.removeprefix("file://")) / "offsets" / str(batch_id)).read_text().splitlines()
+        return {int(p): int(o) for p, o in json.loads(planned[-1]).get(topic, {}).items()}
+    except (OSError, ValueError, AttributeError, IndexError):
+        return {}
 
 
 def _commit_to_group(req: StreamRequest, nexts: dict[int, int]) -> None:
