@@ -133,10 +133,9 @@ _GOT_KEYED_CLAIMS = _GOT_KEYED + """
                 WHERE d.sink_table = $7 AND d.topic = $1
                   AND NOT EXISTS (SELECT 1 FROM {table} t WHERE t.idempotency_key::text = d.idempotency_key)
                 GROUP BY d.idempotency_key"""
-_OTHER_TOPICS = """NOT EXISTS (SELECT 1 FROM kdg_dedup d WHERE d.sink_table = $7
-                                   AND d.idempotency_key = {table}.idempotency_key::text AND d.topic <> $1)
-                   OR EXISTS (SELECT 1 FROM kdg_dedup d WHERE d.sink_table = $7
-                              AND d.idempotency_key = {table}.idempotency_key::text AND d.topic = $1)"""
+# a key with no claims (NULL), or a claim from the audited topic among its claims
+_OTHER_TOPICS = """coalesce((SELECT bool_or(d.topic = $1) FROM kdg_dedup d
+                             WHERE d.sink_table = $7 AND d.idempotency_key = {table}.idempotency_key::text), true)"""
 _KDG_SHAPE = {"idempotency_key", "consumer_group", "topic"}
 CLAIMS_NOTE = ("counted from kdg_dedup: exactly-once claims every key it handled (written, replaced by a later "
                "version, deleted or refused); writes under weaker guarantees leave no claims, and at-least-once "
@@ -348,22 +347,21 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
             report = replace(base, group=standing.rows_of, positions_of=standing.positions_of)
             known = load_positions(store, standing.next_offsets)
             elsewhere = _ELSEWHERE.format(table=rows_table) if rows_table is not None else _NOWHERE
-            _count(store, report, _JOIN.format(got=got, elsewhere=elsewhere), topic, known, since, until,
-                   ledger_horizon, claims_horizon, standing.rows_of if rows_table is not None else sink_arg,
+            _count(store, report, standing.group, _JOIN.format(got=got, elsewhere=elsewhere), topic, known, since,
+                   until, ledger_horizon, claims_horizon, standing.rows_of if rows_table is not None else sink_arg,
                    "kdg_dedup claims" in report.basis)
             reports.append(report)
     return GroupAudits(reports)
 
 
-def _count(store, report: AuditReport, join: str, *args) -> None:
+def _count(store, report: AuditReport, group: str | None, join: str, *args) -> None:
     """Run ``join`` with ``args`` (:data:`_JOIN`'s $1…$8) into a fresh ``kdg_audit``; fill ``report``'s counts.
 
-    A record another group dead-lettered is not accounted for by it: the dead letters that count are the
-    audited group's (``report.positions_of``, when it is one group) and those that name no group."""
+    A record another group dead-lettered is not accounted for by it: the dead letters that count are
+    ``group``'s (the one group whose positions count; None: every group's) and those that name no group."""
     store.execute("DROP TABLE IF EXISTS kdg_audit_dl")
-    one = report.positions_of if report.positions_of and ", " not in report.positions_of else None
     store.execute("CREATE TEMP TABLE kdg_audit_dl AS SELECT idempotency_key, reason FROM kdg_audit_dead "
-                  "WHERE $1::text IS NULL OR consumer_group IS NULL OR consumer_group = $1", one)
+                  "WHERE $1::text IS NULL OR consumer_group IS NULL OR consumer_group = $1", group)
     store.execute("DROP TABLE IF EXISTS kdg_audit")
     store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int, "
                   "outside boolean NOT NULL, beyond boolean NOT NULL, elsewhere boolean NOT NULL)")

@@ -38,6 +38,12 @@ class Standing:
     rows_of: str | None                  # only this group's rows of a kdg-shaped sink (None: every row)
     positions_of: str | None             # the group (or agreeing groups, comma-joined); None: none known
     next_offsets: dict[int, int] | None  # partition → the next offset to read; None: every record passed
+    several: bool = False                # positions_of names several groups that agree (their dead letters all count)
+
+    @property
+    def group(self) -> str | None:
+        """The one group whose positions count (None: several agreeing, or none known)."""
+        return None if self.several else self.positions_of
 
 
 def standings(store, conn: Connection, topic: str, group: str | None, *, rows_table: str | None,
@@ -63,7 +69,7 @@ def standings(store, conn: Connection, topic: str, group: str | None, *, rows_ta
                f"{sink} has no consumer_group column to tell their rows apart")
         raise UsageError(f"{len(found)} groups consumed {topic!r} and stand at different positions "
                          f"({', '.join(found)}); {why}: pass -G GROUP to audit one")
-    return [Standing(None, ", ".join(found), next(iter(found.values())))]
+    return [Standing(None, ", ".join(found), next(iter(found.values())), several=len(found) > 1)]
 
 
 def _writers(store, topic: str, table: str) -> list[str]:

@@ -132,12 +132,20 @@ def default_checkpoint(group: str, topic: str) -> Path:
     return default_state_dir() / "spark-stream" / f"{safe}-{uuid.uuid5(uuid.NAMESPACE_URL, group + '/' + topic).hex[:8]}"
 
 
-def _has_offsets(checkpoint: str) -> bool | None:
-    """Whether a checkpoint already holds a planned batch (then Spark, not the group, says where to start);
-    None for a URI this process cannot look into (``hdfs://…``)."""
+def _offsets_log(checkpoint: str) -> Path | None:
+    """The checkpoint's offsets log (a batch's planned offsets, one file per batch id), or None for a URI
+    this process cannot look into (``hdfs://…``)."""
     if "://" in checkpoint and not checkpoint.startswith("file://"):
         return None
-    offsets = Path(checkpoint.removeprefix("file://")) / "offsets"
+    return Path(checkpoint.removeprefix("file://")) / "offsets"
+
+
+def _has_offsets(checkpoint: str) -> bool | None:
+    """Whether a checkpoint already holds a planned batch (then Spark, not the group, says where to start);
+    None for a URI this process cannot look into."""
+    offsets = _offsets_log(checkpoint)
+    if offsets is None:
+        return None
     return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
 
 
@@ -375,10 +383,11 @@ class _Batches:
 def _planned_ends(checkpoint: str, batch_id: int, topic: str) -> dict[int, int]:
     """Where Spark planned micro-batch ``batch_id`` to end on each partition of ``topic``: the last line of its
     offsets log, in a checkpoint this process can read ({} for another URI, or a log it cannot read)."""
-    if "://" in checkpoint and not checkpoint.startswith("file://"):
+    offsets = _offsets_log(checkpoint)
+    if offsets is None:
         return {}
     try:
-        planned = (Path(checkpoint.removeprefix("file://")) / "offsets" / str(batch_id)).read_text().splitlines()
+        planned = (offsets / str(batch_id)).read_text().splitlines()
         return {int(p): int(o) for p, o in json.loads(planned[-1]).get(topic, {}).items()}
     except (OSError, ValueError, AttributeError, IndexError):
         return {}
