@@ -7,7 +7,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
 
+from collections import Counter
+
 from kdg import faults
+from kdg.accounting import crossed, dead_letter_status, parse_dead_letter_limit
 from kdg.errors import ConnectionFailed, Fenced, RetryBatch, UsageError
 from kdg.batching import sort_rows
 from kdg.guarantees import CommitMode, policy_for
@@ -24,7 +27,9 @@ from kdg.retention import check_dedup_retention
 from kdg.schemas.registry import waiting_for_registry
 from kdg.settings import Connection
 from kdg.sinks import Batch, parse_sink
-from kdg.sinks.dead_letters import DeadLetterQueue
+from kdg.sinks.dead_letters import DeadLetterQueue, tally
+
+TOO_MANY_DEAD_LETTERS = "too many dead letters"
 
 
 @dataclass
@@ -58,6 +63,7 @@ class ConsumeRequest:
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S  # how long to wait for Kafka and Postgres to come up, and the registry
     metrics_port: int | None = None   # serve /metrics, /healthz and /readyz here (0: any free port)
     metrics_host: str = "0.0.0.0"
+    max_dead_letters: str | None = None  # N | P% | all: past it the run stops, exit 7 (kdg.accounting)
 
 
 @dataclass
@@ -66,10 +72,15 @@ class ConsumeReport:
     group: str
     topic: str
     sink: str
-    consumed: int = 0
-    processed: int = 0
+    consumed: int = 0                # records read: the sum of the buckets below (kdg.accounting)
+    processed: int = 0               # records the sink took: written + superseded + deleted + filtered + duplicates
+    written: int = 0                 # rows written (inserted or updated), or records sent on
+    superseded: int = 0              # an upsert's earlier versions of a key in the same batch
+    deleted: int = 0                 # tombstones and change-data-capture deletes applied
+    filtered: int = 0                # left out on purpose (a tombstone under on_tombstone = ignore)
     duplicates_suppressed: int = 0
     dead_lettered: int = 0
+    dead_letter_reasons: dict = field(default_factory=dict)  # reason class → count (kdg.accounting)
     batches: int = 0
     fenced_batches: int = 0          # batches refused because this member had lost their partitions
     pg_outages: int = 0              # times Postgres went away mid-batch and came back
@@ -83,6 +94,7 @@ class ConsumeReport:
     outside_dedup_window: int = 0    # rows written without a claim: their keys were older than the window
     claim_partitions_dropped: int = 0  # expired claim partitions this consumer's maintenance dropped
     probes_skipped: int = 0          # `kdg doctor --topic` probe records: read, stepped over, never written
+    max_dead_letters: str = ""       # the limit this run kept to (--max-dead-letters)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -168,12 +180,12 @@ def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool)
             key = resolver.key(rec)
         except ValueError as exc:
             if rec.is_probe:
-                batch.probes += 1
+                batch.probes.append(partition)
                 continue
             dead.append((rec, f"{resolver.unreadable}{exc}", None))
             continue
         if (key is None or by_offset) and rec.is_probe:  # `kdg doctor`'s record: stepped over
-            batch.probes += 1
+            batch.probes.append(partition)
             continue
         if key is None:
             if must_have_key:
@@ -194,11 +206,13 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
     if req.mapping is not None and kind != "postgres":
         raise UsageError(f"--column and --mapping write a Postgres table; they cannot go with --sink {req.sink}")
     check_dedup_retention(req.dedup_retention, policy, kind)
-    report = ConsumeReport(policy.guarantee.value, req.group, req.topic, req.sink)
+    limit = parse_dead_letter_limit(req.max_dead_letters)  # malformed: refused before anything is read
+    report = ConsumeReport(policy.guarantee.value, req.group, req.topic, req.sink, max_dead_letters=limit.text)
     with Metrics("consume", policy.guarantee.value, req.metrics_port, req.metrics_host,
                  lambda: req.shutdown.requested) as metrics:
         if metrics.enabled:
             req.notice(f"metrics on http://{req.metrics_host}:{metrics.port}/metrics (and /healthz, /readyz)")
+        metrics.started(req.topic)
 
         def waiting(text: str) -> None:
             metrics.turned()  # waiting for the Schema Registry is not a hung loop
@@ -330,6 +344,8 @@ def _maintain(req, offsets, sink, report, metrics) -> list:
 
 
 def _stop_reason(req, got: bool, end, report, last_data: float, in_flight: int) -> str | None:
+    if parse_dead_letter_limit(report.max_dead_letters).exceeded(report.dead_lettered, report.consumed):
+        return TOO_MANY_DEAD_LETTERS
     if req.count is not None and report.consumed + in_flight >= req.count:
         return "count"
     if req.exit_at_end and not got and end.reached():
@@ -370,12 +386,7 @@ def _settle(outcomes, req, offsets, sink, report, metrics) -> None:
         if error is None:
             offsets.after_write(batch)
             metrics.settled(batch, result, req.topic, time.monotonic() - batch.submitted_at)
-            report.consumed += len(batch)
-            report.batches += 1
-            report.processed += batch.good - result.dead_lettered
-            report.duplicates_suppressed += result.duplicates_suppressed
-            report.dead_lettered += len(batch.dead) + result.dead_lettered
-            report.probes_skipped += batch.probes
+            _account(batch, result, req, report)
         elif isinstance(error, (Fenced, RetryBatch)):
             report.fenced_batches += 1
             again.append(batch)
@@ -390,6 +401,28 @@ def _settle(outcomes, req, offsets, sink, report, metrics) -> None:
         offsets.rewind(Batch.earliest(again))
     if outcomes and req.progress:
         req.progress(report.consumed)
+
+
+def _account(batch, result, req, report) -> None:
+    """Count a committed batch's records into their buckets; a status line as dead letters mount."""
+    report.consumed += len(batch)
+    report.batches += 1
+    report.processed += batch.good - result.dead_lettered
+    report.written += result.written
+    report.superseded += result.superseded
+    report.deleted += result.deleted
+    report.filtered += result.filtered
+    report.duplicates_suppressed += result.duplicates_suppressed
+    dead_before = report.dead_lettered
+    report.dead_lettered += len(batch.dead) + result.dead_lettered
+    report.probes_skipped += len(batch.probes)
+    if report.dead_lettered > dead_before:
+        reasons = Counter(report.dead_letter_reasons)
+        reasons.update(tally(batch.dead))
+        reasons.update(result.dead_reasons)
+        report.dead_letter_reasons = dict(reasons.most_common())
+        if crossed(dead_before, report.dead_lettered):
+            req.notice(dead_letter_status(report.dead_lettered, report.consumed, reasons, req.topic))
 
 
 def _wait_for_postgres(exc, batch, req, offsets, sink, report, metrics) -> None:

@@ -67,6 +67,17 @@ class Metrics:
                                     "written, and left out.", t, registry=reg)
         self.dead_lettered = Counter("kdg_records_dead_lettered", "Records sent to the dead-letter topic.", t,
                                      registry=reg)
+        self.dead_reasons = Counter("kdg_dead_letters_by_reason", "Records sent to the dead-letter topic, by reason "
+                                    "class (oversize, bad JSON, postgres refused the row: SQLSTATE ...).",
+                                    t + ["reason"], registry=reg)
+        self.superseded = Counter("kdg_records_superseded", "Records an upsert left out for a later version of "
+                                  "their key in the same batch.", t, registry=reg)
+        self.deleted = Counter("kdg_records_deleted", "Tombstones and change-data-capture deletes applied.", t,
+                               registry=reg)
+        self.filtered = Counter("kdg_records_filtered", "Records left out on purpose (a tombstone under "
+                                "on_tombstone = ignore).", t, registry=reg)
+        self.stepped_over = Counter("kdg_records_stepped_over", "`kdg doctor` probe records read and stepped over.",
+                                    t, registry=reg)
         self.skipped = Counter("kdg_records_skipped", "Records read and dropped: a batch of partitions this member "
                                "no longer held (read again by their owner), or lost in a Postgres outage "
                                "(at-most-once).", tp + ["reason"], registry=reg)
@@ -146,6 +157,17 @@ class Metrics:
     def turned(self) -> None:
         self.beat = time.monotonic()
 
+    def started(self, topic: str) -> None:
+        """Every counter of ``topic`` at 0 from the start, so a dashboard's panels show 0, not "No data"."""
+        if not self.enabled:
+            return
+        g = self.guarantee
+        for counter in (self.written, self.deduplicated, self.dead_lettered, self.superseded, self.deleted,
+                        self.filtered, self.stepped_over, self.sent, self.acked, self.failed):
+            counter.labels(g, topic)
+        self.pg_outages.labels(g)
+        self.pg_outage_seconds.labels(g)
+
     def settled(self, batch, result, topic: str, seconds: float) -> None:
         """A batch the sink committed: its counts, size, commit time and records' age."""
         if not self.enabled:
@@ -153,12 +175,22 @@ class Metrics:
         g = self.guarantee
         read: Tally = Tally(rec.partition for rec, _, _ in batch.dead)
         read.update(batch.partitions())
+        read.update(batch.probes)
         oldest = batch.first_timestamps
         for p, n in read.items():
             self.read.labels(g, topic, str(p)).inc(n)
         self.written.labels(g, topic).inc(result.written)
         self.deduplicated.labels(g, topic).inc(result.duplicates_suppressed)
         self.dead_lettered.labels(g, topic).inc(len(batch.dead) + result.dead_lettered)
+        self.superseded.labels(g, topic).inc(result.superseded)
+        self.deleted.labels(g, topic).inc(result.deleted)
+        self.filtered.labels(g, topic).inc(result.filtered)
+        self.stepped_over.labels(g, topic).inc(len(batch.probes))
+        if batch.dead or result.dead_reasons:
+            from kdg.sinks.dead_letters import tally
+
+            for reason, n in (tally(batch.dead) + result.dead_reasons).items():
+                self.dead_reasons.labels(g, topic, reason).inc(n)
         self.batch_records.labels(g, topic).observe(len(batch))
         self.commit_seconds.labels(g, topic).observe(seconds)
         now_ms = time.time() * 1000

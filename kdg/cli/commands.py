@@ -278,6 +278,9 @@ def consume(
                         "own connection, while the next is read (0: each batch is written before the next is "
                         "polled). Offsets stay chained in order.")] = 2,
     dedup_retention: DedupRetention = None,
+    max_dead_letters: Annotated[str, typer.Option(help="Stop (exit 7, after committing what was good) once more "
+                                "records than this went to the dead-letter topic: a count (0: at the first), a "
+                                "share of the records read (10%: past 10 dead letters), or all (never).")] = "10%",
     shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
     metrics_port: MetricsPort = None, metrics_host: MetricsHost = "0.0.0.0",
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
@@ -288,10 +291,12 @@ def consume(
     SIGTERM or SIGINT stops it cleanly: the batch in flight is written and committed, the group is
     left, and it exits 0.
     """
-    from kdg.consume import ConsumeRequest, load_handler, run_consume
+    from kdg.accounting import parse_dead_letter_limit
+    from kdg.consume import TOO_MANY_DEAD_LETTERS, ConsumeRequest, load_handler, run_consume
     from kdg.lifecycle import Shutdown
     from kdg.mapping import build_mapping
 
+    limit = parse_dead_letter_limit(max_dead_letters)
     if fmt not in ("text", "json"):
         raise UsageError("--format must be text or json")
     if not group.strip():
@@ -325,13 +330,17 @@ def consume(
                              batch_ms=batch_ms, max_bytes=max_bytes, handler=handler, transactional_id=transactional_id,
                              progress=progress, pg_wait=pg_wait, pipeline=pipeline, dedup_retention=dedup_retention,
                              shutdown=shutdown, wait_timeout=wait_timeout, metrics_port=metrics_port,
-                             metrics_host=metrics_host, notice=_notice)
+                             metrics_host=metrics_host, notice=_notice, max_dead_letters=max_dead_letters)
         report = _run_with_bar(bar, run_consume, req)
     if as_json:
         print_json(report)
     else:
         out = err_console if sink == "stdout" else console  # keep stdout for the records
         out.print(key_value_table(f"consume {topic} → {sink} ({report.guarantee})", report.to_dict()))
+    if report.stopped_by == TOO_MANY_DEAD_LETTERS:
+        raise CheckFailed(f"stopped: {report.dead_lettered:,} of {report.consumed:,} records read went to "
+                          f"{topic}.dlq, {limit.describe()} (--max-dead-letters {limit.text}); what was good is "
+                          "committed. See the reasons above; --max-dead-letters all never stops")
 
 
 @app.command("spark-replay")

@@ -136,6 +136,7 @@ class StagedRows:
         self.records, self.count, self.dead = records, 0, []
         self._maker, self._kept, self._made = maker, [] if keep else None, False
         self._dead_seqs: set[int] = set()
+        self.tombs: set[int] = set()  # seqs of the rows staged as tombstones (a tombstone, or a change event's delete)
 
     @property
     def kept(self) -> list[tuple]:
@@ -161,6 +162,8 @@ class StagedRows:
                 dead_seqs.add(seq)
                 continue
             self.count += 1
+            if row[5]:
+                self.tombs.add(seq)
             if kept is not None:
                 kept.append(row)
             yield row

@@ -7,6 +7,7 @@ from a sink that writes each batch before the next is polled, later from a pipel
 (:mod:`kdg.sinks.pipeline`).
 """
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from kdg.records import Record
@@ -26,7 +27,8 @@ class Batch:
     # Postgres sink (kdg.batching): no Record per message
     rows: SinkRows | None = None
     first_timestamps: dict[int, int] = field(default_factory=dict)  # per partition, its first record's (ms)
-    probes: int = 0  # `kdg doctor`'s probe records stepped over: read, offsets moved on, nothing written
+    probes: list[int] = field(default_factory=list)  # the partition of each `kdg doctor` probe record stepped
+    #                                                   over: read, offsets moved on, nothing written
 
     @property
     def good(self) -> int:
@@ -40,7 +42,7 @@ class Batch:
         return [rec.partition for rec, _ in self.records]
 
     def __len__(self) -> int:
-        return self.good + len(self.dead) + self.probes
+        return self.good + len(self.dead) + len(self.probes)
 
     @staticmethod
     def earliest(batches: "list[Batch]") -> "Batch":
@@ -61,9 +63,15 @@ class Batch:
 
 @dataclass
 class WriteResult:
+    """Where a batch's good records ended (its ``dead`` are the loop's to count): each in exactly one of these."""
+
     written: int = 0
     duplicates_suppressed: int = 0
     dead_lettered: int = 0  # records of the batch the sink itself sent to the dead-letter topic
+    superseded: int = 0     # an upsert's earlier versions of a key in the same batch
+    deleted: int = 0        # tombstones and change-data-capture deletes applied
+    filtered: int = 0       # left out on purpose (a tombstone under on_tombstone = ignore)
+    dead_reasons: Counter = field(default_factory=Counter)  # the sink's own dead letters, by reason class
 
 
 def parse_sink(spec: str) -> tuple[str, str | None]:

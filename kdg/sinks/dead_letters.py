@@ -1,5 +1,9 @@
 """Dead letters: records a sink cannot take go to ``TOPIC.dlq`` with the reason in headers; nothing is lost."""
 
+import functools
+import re
+from collections import Counter
+
 from kdg.guarantees import DeliveryPolicy
 from kdg.kafka.admin import ensure_topic
 from kdg.kafka.clients import Role
@@ -15,6 +19,46 @@ def refused_row(rec: Record, key: str, sqlstate: str, message: str) -> tuple:
     """A dead letter for a row Postgres refused, with the SQL error's code and message in headers."""
     return (rec, f"postgres refused the row: {sqlstate} {message}", key,
             [(SQLSTATE_HEADER, sqlstate.encode()), (SQL_MESSAGE_HEADER, message.encode())])
+
+
+def reason_class(reason: str | None, sqlstate: str | None = None) -> str:
+    """A dead letter's reason without its particulars, to count alike ones together.
+
+    ``oversize: 2000000 bytes > 1048576`` → ``oversize``; a row Postgres refused → its SQLSTATE and
+    condition name, e.g. ``postgres refused the row: 23514 check_violation``.
+    """
+    if sqlstate:
+        return f"postgres refused the row: {sqlstate} {_condition(sqlstate)}".rstrip()
+    if not reason:
+        return "(no reason header)"
+    return reason.split(":", 1)[0][:80]
+
+
+def tally(dead: list[tuple]) -> Counter:
+    """Dead letters ``(record, reason, key[, headers])`` counted by :func:`reason_class`."""
+    counts: Counter = Counter()
+    for _, reason, _, *extra in dead:
+        state = next((v.decode() for k, v in extra[0] if k == SQLSTATE_HEADER), None) if extra else None
+        counts[reason_class(reason, state)] += 1
+    return counts
+
+
+def _condition(sqlstate: str) -> str:
+    """Postgres's condition name for a SQLSTATE (as asyncpg names its exception classes), or ''."""
+    return _conditions().get(sqlstate, "")
+
+
+@functools.cache
+def _conditions() -> dict[str, str]:
+    """Every SQLSTATE asyncpg knows → its condition name, built once (an audit asks per dead letter)."""
+    import asyncpg
+
+    names, classes = {}, [asyncpg.PostgresError]
+    for cls in classes:
+        if (state := getattr(cls, "sqlstate", None)) and state not in names:
+            names[state] = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__.removesuffix("Error")).lower()
+        classes.extend(cls.__subclasses__())
+    return names
 
 
 def dlq_topic(topic: str) -> str:

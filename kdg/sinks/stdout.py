@@ -9,7 +9,7 @@ import sys
 from kdg.mapping.sources import json_text
 from kdg.records import to_envelope
 from kdg.sinks import Batch, Sink, WriteResult
-from kdg.sinks.dead_letters import DeadLetterQueue
+from kdg.sinks.dead_letters import DeadLetterQueue, tally
 
 
 class StdoutSink(Sink):
@@ -36,7 +36,7 @@ class StdoutSink(Sink):
         if lines:
             self.out.write("\n".join(lines) + "\n")
             self.out.flush()
-        return WriteResult(len(lines), 0, len(undecodable))
+        return WriteResult(len(lines), 0, len(undecodable), dead_reasons=tally(undecodable))
 
     def close(self) -> None:
         pass

@@ -9,7 +9,7 @@ the rest of its batch is written — under exactly-once with the offsets, in the
 from kdg import faults
 from kdg.mapping import Mapping, RowMaker
 from kdg.sinks import Batch, WriteResult
-from kdg.sinks.dead_letters import DeadLetterQueue, refused_row
+from kdg.sinks.dead_letters import DeadLetterQueue, refused_row, tally
 from kdg.sinks.postgres import PostgresSink
 from kdg.store.pg import Store
 
@@ -49,4 +49,6 @@ class TypedPostgresSink(PostgresSink):
             self.target, rows, claim=atomic, group=self.group, topic=self.topic, next_offsets=offsets,
             fences={p: self.fences.get(p, -1) for p in offsets or ()}, dead_letter=dead_letter,
             handler=self.handler, before_commit=at_commit)
-        return WriteResult(result.written, result.duplicates, len(rows.dead) + len(result.rejected))
+        dead = rows.dead + [refused_row(*records[seq], state, message) for seq, state, message in result.rejected]
+        return WriteResult(result.written, result.duplicates, len(dead), result.superseded, result.deleted,
+                           result.filtered, tally(dead))

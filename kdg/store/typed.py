@@ -56,11 +56,14 @@ class TypedTarget:
 
     def claim_sql(self, claims: str) -> str:
         """Claim the staged keys into ``claims`` (the table's claim table); delete the staged rows whose key
-        was claimed already (a duplicate). Rows too old to be claimed stay (:data:`~kdg.store.claims.OUTSIDE`)."""
-        return f"""WITH claimed AS ({CLAIM.format(claims=claims, stage=self.stage)})
-                   DELETE FROM {self.stage} s WHERE NOT EXISTS (
+        was claimed already (a duplicate). Rows too old to be claimed stay (:data:`~kdg.store.claims.OUTSIDE`).
+        Returns one row: the duplicates deleted, and how many of them were tombstones or deletes."""
+        return f"""WITH claimed AS ({CLAIM.format(claims=claims, stage=self.stage)}),
+                   gone AS (DELETE FROM {self.stage} s WHERE NOT EXISTS (
                        SELECT 1 FROM claimed c WHERE c.idempotency_key = s.idempotency_key
-                       AND c."partition" = s."partition" AND c."offset" = s."offset") AND NOT {OUTSIDE}"""
+                       AND c."partition" = s."partition" AND c."offset" = s."offset") AND NOT {OUTSIDE}
+                       RETURNING s.tomb)
+                   SELECT count(*) AS duplicates, count(*) FILTER (WHERE tomb) AS tombs FROM gone"""
 
     def write_sql(self) -> list[str]:
         """The statements writing the staged rows with ``$1 <= seq <= $2`` (the last one's count is rows written)."""
@@ -92,8 +95,9 @@ class TypedTarget:
                   f"WHERE s.seq BETWEEN $1 AND $2{'' if deleting else ' AND NOT s.tomb'} "
                   f"ORDER BY {', '.join(keys)}, {guard}, s.seq DESC")
         others = [c for c in m.columns if c.name not in m.key]
-        update = ("DO UPDATE SET " + ", ".join(f"{c.sql} = EXCLUDED.{c.sql}" for c in others)) if others \
-            else "DO NOTHING"
+        # every column a key: a row already there is still this record's row, and counted as written (DO NOTHING
+        # would leave it out of the statement's count)
+        update = "DO UPDATE SET " + ", ".join(f"{c.sql} = EXCLUDED.{c.sql}" for c in others or m.columns[:1])
         gone = ""
         if deleting:
             gone = (f", gone AS (DELETE FROM {target} t USING latest l WHERE l.tomb AND "
@@ -114,10 +118,29 @@ class TypedTarget:
 
 @dataclass
 class TypedResult:
+    """Where each staged row of a batch ended: every one in exactly one of written, superseded, deleted,
+    filtered, duplicates and rejected (the records the mapping could not read are ``rows.dead``)."""
+
     written: int = 0               # rows inserted or updated
     duplicates: int = 0            # exactly-once: rows whose key was claimed before
     outside: int = 0               # exactly-once: rows written without a claim, their key older than the window
     rejected: list = field(default_factory=list)  # (seq, sqlstate, message) of rows Postgres refused
+    superseded: int = 0            # an upsert's earlier versions of a key in the batch (or rows a later delete of
+    #                                their key in the batch took back): never reach the table as themselves
+    deleted: int = 0               # tombstones and change-data-capture deletes applied (on_tombstone = delete)
+    filtered: int = 0              # tombstones and deletes left out on purpose (on_tombstone = ignore)
+
+    def account(self, rows: StagedRows, duplicate_tombs: int, deleting: bool) -> "TypedResult":
+        """Fill in superseded, deleted and filtered from what was staged, claimed and written."""
+        rejected_tombs = sum(1 for seq, *_ in self.rejected if seq in rows.tombs)
+        tombs = len(rows.tombs) - duplicate_tombs - rejected_tombs
+        values = (rows.count - len(rows.tombs)) - (self.duplicates - duplicate_tombs)
+        self.superseded = values - self.written - (len(self.rejected) - rejected_tombs)
+        if deleting:
+            self.deleted = tombs
+        else:
+            self.filtered = tombs
+        return self
 
 
 async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, *,
@@ -132,13 +155,14 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
     await conn.copy_records_to_table(target.stage, records=rows, columns=target.copy_columns)
     if not rows.count:
         return result
+    deleting, duplicate_tombs = target.mapping.on_tombstone == "delete", 0
     if window is not None:
         claims = await prepare_claims(conn, window, [key for key, *_ in rows.claims()])
         result.outside = claims.outside
         if not await copy_claims(conn, claims, rows.claims()):
-            result.duplicates = int((await conn.execute(target.claim_sql(window.sql), *claims.args)).split()[-1])
+            result.duplicates, duplicate_tombs = await conn.fetchrow(target.claim_sql(window.sql), *claims.args)
             if result.duplicates == rows.count:
-                return result
+                return result.account(rows, duplicate_tombs, deleting)
     statements = target.write_sql()
     seqs: list[int] | None = None
 
@@ -169,7 +193,7 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
             raise
         seqs = [r["seq"] for r in await conn.fetch(f"SELECT seq FROM {target.stage} ORDER BY seq")]
         await bisect(0, len(seqs) - 1)
-    return result
+    return result.account(rows, duplicate_tombs, deleting)
 
 
 def _row_error(exc: asyncpg.PostgresError) -> bool:
