@@ -3,6 +3,7 @@
 import importlib
 import os
 import socket
+import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -106,6 +107,8 @@ def load_handler(spec: str | None):
     module, sep, func = spec.partition(":")
     if not sep:
         raise UsageError(f"--handler {spec!r}: use module:function")
+    if os.getcwd() not in sys.path and "" not in sys.path:  # found from the current directory, as `python -m` finds it
+        sys.path.insert(0, os.getcwd())
     try:
         return getattr(importlib.import_module(module), func)
     except (ImportError, AttributeError) as exc:

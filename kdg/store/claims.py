@@ -6,7 +6,6 @@ The claim itself (:data:`CLAIM`, :func:`copy_claims`) is shared with the typed s
 into :class:`kdg.store.pg.Store`.
 """
 
-import asyncio
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import repeat
@@ -14,6 +13,7 @@ from itertools import repeat
 import asyncpg
 
 from kdg.settings import TableName, table_name
+from kdg.store.handler import call_handler
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, SinkRows
 from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizon, keys_ms, now_ms
 
@@ -101,13 +101,6 @@ async def copy_claims(conn: asyncpg.Connection, claims: Claims, keyed) -> bool:
         return False
 
 
-async def maybe_await(value):
-    """``value``, awaited first if it is a coroutine (a user's handler may be sync or async)."""
-    if asyncio.iscoroutine(value):
-        return await value
-    return value
-
-
 class ClaimsMixin:
     """The generic sink's exactly-once writes: owns claiming keys and inserting the newly claimed rows.
 
@@ -136,11 +129,16 @@ class ClaimsMixin:
         async with self.conn.transaction():
             if turn is not None:
                 turn.wait_claims()
-            inserted = await self._claim_and_insert(table, group, rows, claimed=turn.claimed if turn else None)
+            written = set() if handler is not None else None
+            inserted = await self._claim_and_insert(table, group, rows, claimed=turn.claimed if turn else None,
+                                                    written=written)
             if turn is not None:  # the user's SQL runs after the batch before ended, as without a pipeline
                 turn.wait_update() if handler is None else turn.wait_ended()
             if handler is not None:
-                await maybe_await(handler(SinkRows.of(rows).as_list(), self.conn))
+                listed = SinkRows.of(rows).as_list()
+                if inserted < len(listed):  # the handler sees the rows this transaction writes, never a duplicate
+                    listed = [r for r in listed if (r[0], r[2], r[3]) in written]
+                await call_handler(handler, listed, self.conn)
             await self._move_offsets(group, topic, next_offsets, fences, expected)
             if turn is not None:
                 turn.updated()  # (a failure ends the turn too: the pipeline's job always ends it)
@@ -156,13 +154,14 @@ class ClaimsMixin:
 
         return self._run(write()) if rows else 0
 
-    async def _claim_and_insert(self, table: str | TableName, group: str, rows, claimed=None) -> int:
+    async def _claim_and_insert(self, table: str | TableName, group: str, rows, claimed=None, written=None) -> int:
         """Claim each row's key in ``kdg_dedup`` and insert the rows whose claim is new (inside a transaction).
 
         Keys never claimed before (the common case) go in by COPY straight into ``kdg_dedup`` and
         the sink. A key claimed earlier, or twice in ``rows``, breaks ``kdg_dedup``'s primary key;
         the savepoint then rolls back and the ON CONFLICT path claims only what is new.
         ``claimed()``, when given, is called once this batch's keys are claimed (before its rows go in).
+        ``written``, when given, gets ``(key, partition, offset)`` of each row inserted if not all of them were.
         """
         rows = SinkRows.of(rows)
         if not rows:
@@ -183,17 +182,24 @@ class ClaimsMixin:
         # ON CONFLICT DO NOTHING also skips a key repeated within the batch: the first
         # staged copy wins, and only the claimed (key, partition, offset) rows are inserted,
         # with the rows too old to be claimed.
-        status = await self.conn.execute(f"""
+        insert = f"""
             WITH claimed AS ({CLAIM.format(claims=window.sql, stage="kdg_stage")})
             INSERT INTO {table.sql} (idempotency_key, consumer_group, topic, "partition", "offset",
                                  key, value, headers)
             SELECT s.idempotency_key, $4, s.topic, s."partition", s."offset", s.key, s.value, s.headers
             FROM kdg_stage s LEFT JOIN claimed c ON c.idempotency_key = s.idempotency_key
                  AND c."partition" = s."partition" AND c."offset" = s."offset"
-            WHERE c.idempotency_key IS NOT NULL OR {OUTSIDE}""", *claims.args, group)
+            WHERE c.idempotency_key IS NOT NULL OR {OUTSIDE}"""
+        if written is None:
+            count = int((await self.conn.execute(insert, *claims.args, group)).split()[-1])
+        else:
+            found = await self.conn.fetch(insert + ' RETURNING idempotency_key, "partition", "offset"',
+                                          *claims.args, group)
+            written.update(map(tuple, found))
+            count = len(found)
         if claimed is not None:
             claimed()
-        return int(status.split()[-1])
+        return count
 
     async def _claim_window(self, table: TableName) -> Window:
         """The table's claim window, read once per store and kept up to date by the claims themselves."""

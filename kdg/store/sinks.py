@@ -8,11 +8,11 @@ Mixed into :class:`kdg.store.pg.Store`. The typed table's statements are built i
 
 from kdg.mapping.rows import StagedRows
 from kdg.settings import TableName, redact_dsn, table_name
-from kdg.store.claims import maybe_await
+from kdg.store.handler import call_handler
 from kdg.store.identity import resolve_table
 from kdg.store.rows import GROUP_SINK_COLUMNS, SinkRows
 from kdg.store.tables import prepare_table
-from kdg.store.typed import TypedResult, TypedTarget, write_batch
+from kdg.store.typed import TypedResult, TypedTarget, write_batch, written_rows
 
 
 class SinksMixin:
@@ -53,7 +53,7 @@ class SinksMixin:
                 await self.conn.copy_records_to_table(table.name, schema_name=table.schema,
                                                       records=rows.grouped(group), columns=GROUP_SINK_COLUMNS)
             if handler is not None:
-                await maybe_await(handler(rows.as_list(), self.conn))
+                await call_handler(handler, rows.as_list(), self.conn)
             if before_commit is not None:
                 before_commit()
         return len(rows)
@@ -95,8 +95,8 @@ class SinksMixin:
             self.unclaimed += result.outside
             if (rows.dead or result.rejected) and dead_letter is not None:
                 dead_letter(rows.dead, result.rejected)
-            if handler is not None:
-                await maybe_await(handler(rows.kept, self.conn))
+            if handler is not None:  # the rows this transaction writes: never a duplicate, nor a refused row
+                await call_handler(handler, await written_rows(self.conn, target, rows, result), self.conn)
             if next_offsets:
                 await self._move_offsets(group, topic, next_offsets, fences)
             if before_commit is not None:

@@ -196,6 +196,17 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
     return result.account(rows, duplicate_tombs, deleting)
 
 
+async def written_rows(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, result: TypedResult) -> list:
+    """The staged rows a ``--handler`` is given: those this transaction writes. A duplicate (its key claimed
+    before) and a row Postgres refused are left out, so the handler's own writes apply once per record."""
+    kept = rows.kept
+    if not result.duplicates and not result.rejected:
+        return kept
+    alive = {r["seq"] for r in await conn.fetch(f"SELECT seq FROM {target.stage}")}
+    alive -= {seq for seq, *_ in result.rejected}
+    return [row for row in kept if row[0] in alive]
+
+
 def _row_error(exc: asyncpg.PostgresError) -> bool:
     state = exc.sqlstate or ""
     return state[:2] in ROW_ERROR_CLASSES or state in ROW_ERROR_STATES
