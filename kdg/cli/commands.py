@@ -10,7 +10,7 @@ from kdg.cli import app
 from kdg.cli.options import (Bootstrap, ChunkRows, Columns, CreateTable, DedupRetention, Envelope, Json, KeyFormat,
                              MappingFile, MetricsHost, MetricsPort, Mode, OnTombstone, PgDsn, Profile, Properties,
                              SchemaRegistry, ShutdownTimeout, SinkTable, SparkConf, SparkIdFrom, SparkMaster,
-                             ValueFormat, WaitTimeout)
+                             StateDir, ValueFormat, WaitTimeout)
 from kdg.cli.render import console, err_console, key_value_table, plain, print_json
 from kdg.errors import CheckFailed, UsageError
 
@@ -566,7 +566,7 @@ def _show_audit(report, title: str) -> None:
 
 @app.command()
 def doctor(
-    state_dir: Annotated[Optional[Path], typer.Option("--state-dir", envvar="KDG_STATE_DIR")] = None,
+    state_dir: StateDir = None,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     topic: Annotated[Optional[str], typer.Option(
         "--topic", help="Also check that the configured user may write, read and commit here: one small real "
