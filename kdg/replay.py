@@ -66,6 +66,9 @@ class ReplayReport:
     rows_written: int = 0
     dead_lettered: int = 0          # a typed sink: records the mapping or Postgres refused, in TOPIC.dlq
     probes_skipped: int = 0         # `kdg doctor --topic` probe records: read, never written
+    superseded: int = 0             # a typed upsert: earlier versions of a key in the same chunk
+    deleted: int = 0                # tombstones and change-data-capture deletes applied
+    filtered: int = 0               # left out on purpose (on_tombstone = ignore)
     tasks: int = 0
     recorded: str = ""              # when the range was recorded as done: before or after writing
     spark_start_s: float = 0.0      # starting the SparkSession (JVM, jars)
@@ -138,8 +141,8 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
             store.finish_replay(replay_id, req.group, req.topic, ranges, status="done" if record_first else "failed",
                                 error=str(error))
             raise error from exc
-        for name in ("rows_read", "rows_written", "duplicates_dropped", "dead_lettered", "probes_skipped", "tasks",
-                     "spark_start_s", "duration_s"):
+        for name in ("rows_read", "rows_written", "duplicates_dropped", "dead_lettered", "probes_skipped", "superseded",
+                     "deleted", "filtered", "tasks", "spark_start_s", "duration_s"):
             setattr(report, name, totals[name])
         report.rows_per_s = round(report.rows_read / report.duration_s, 1) if report.duration_s else 0.0
         store.finish_replay(replay_id, req.group, req.topic, ranges, status="done", summary=report.to_dict(),

@@ -105,6 +105,8 @@ def test_typed_upsert_keeps_the_latest_of_two_versions_per_key(kdg, conn, topic,
                                       mapping_file(tmp_path, table, mode="upsert"), "--checkpoint",
                                       tmp_path / "checkpoint", "--trigger", "available-now"))
     assert (report["rows_in"], report["dead_lettered"], report["probes_skipped"]) == (61, 0, 1), report
+    ended = ("rows_written", "superseded", "duplicates_dropped", "dead_lettered", "probes_skipped", "deleted", "filtered")
+    assert sum(report[b] for b in ended) == report["rows_in"], report  # every record read, in one bucket
     found = [{k: v for k, v in r.items() if k != "idempotency_key"} for r in rows(conn, table)]
     assert found == [expected_row(i, 2) for i in range(30)]  # Kafka order within a partition: version 2 won
     audit = audited(kdg, topic, "--table", table, "-G", group)

@@ -7,7 +7,7 @@ from typing import Callable
 from kdg.records import ID_HEADER, PROBE_HEADER
 from kdg.spark.ranges import Ranges
 from kdg.store.rows import spark_projection
-from kdg.spark.writer import SUMMARY_SCHEMA, WriteSpec, write_task
+from kdg.spark.writer import SUMMARY_COUNTS, SUMMARY_SCHEMA, WriteSpec, write_task
 
 ROWS_PER_TASK = 250_000  # Kafka partitions larger than this are split across Spark tasks
 
@@ -77,8 +77,7 @@ def run_write(spark, rows, spec: WriteSpec, progress: Callable[[int, int, int], 
     finally:
         if poller:
             poller.stop()
-    totals = {name: 0 for name in ("rows_read", "rows_written", "duplicates_dropped", "chunks", "dead_lettered",
-                                   "probes_skipped")}
+    totals = dict.fromkeys(SUMMARY_COUNTS, 0)
     high: dict[int, int] = {}
     for row in summaries:
         for name in totals:

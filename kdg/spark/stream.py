@@ -96,6 +96,9 @@ class StreamReport:
     duplicates_dropped: int = 0
     dead_lettered: int = 0
     probes_skipped: int = 0     # `kdg doctor --topic` probe records: read, never written
+    superseded: int = 0         # a typed upsert: earlier versions of a key in the same chunk
+    deleted: int = 0            # tombstones and change-data-capture deletes applied
+    filtered: int = 0           # left out on purpose (on_tombstone = ignore)
     spark_start_s: float = 0.0
     duration_s: float = 0.0
     stopped_by: str = ""
@@ -362,6 +365,9 @@ class _Batches:
         r.duplicates_dropped += totals["duplicates_dropped"]
         r.dead_lettered += totals["dead_lettered"]
         r.probes_skipped += totals["probes_skipped"]
+        r.superseded += totals["superseded"]
+        r.deleted += totals["deleted"]
+        r.filtered += totals["filtered"]
         if self.req.on_batch is None:
             return
         from kdg.kafka.admin import high_watermarks

@@ -16,8 +16,12 @@ from kdg.errors import KeylessRecord
 from kdg.records import PROBE_HEADER, Record
 from kdg.store.rows import SINK_COLUMNS
 
-SUMMARY_SCHEMA = ("rows_read long, rows_written long, duplicates_dropped long, chunks long, dead_lettered long, "
-                  "probes_skipped long, offsets string")  # offsets: {partition: the highest offset this task read}, as JSON
+# what each task counts (summed on the driver): every row read ends in one of rows_written, duplicates_dropped,
+# dead_lettered, probes_skipped, superseded, deleted or filtered (kdg.accounting)
+SUMMARY_COUNTS = ("rows_read", "rows_written", "duplicates_dropped", "chunks", "dead_lettered", "probes_skipped",
+                  "superseded", "deleted", "filtered")
+# offsets: {partition: the highest offset this task read}, as JSON
+SUMMARY_SCHEMA = ", ".join(f"{name} long" for name in SUMMARY_COUNTS) + ", offsets string"
 COLUMNS = SINK_COLUMNS
 # a typed sink rebuilds each record: the sink row, its timestamp, and its headers' bytes (kdg.spark.job.sink_rows)
 RECORD_COLUMNS = (*SINK_COLUMNS, "timestamp", "header_bytes")
@@ -119,8 +123,8 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
         if pending:
             flush()
     yield pa.RecordBatch.from_pylist(
-        [{"rows_read": read, "rows_written": written, "duplicates_dropped": dropped, "chunks": chunks,
-          "dead_lettered": 0, "probes_skipped": probes, "offsets": json.dumps(high)}])
+        [{**dict.fromkeys(SUMMARY_COUNTS, 0), "rows_read": read, "rows_written": written, "duplicates_dropped": dropped,
+          "chunks": chunks, "probes_skipped": probes, "offsets": json.dumps(high)}])
 
 
 def _is_probe(headers: str | None) -> bool:
@@ -148,8 +152,7 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
     from kdg.store.pg import Store
 
     maker, dlq = RowMaker(spec.typed.mapping, spec.registry), _LazyDeadLetters(spec.dead_letters)
-    totals = {"rows_read": 0, "rows_written": 0, "duplicates_dropped": 0, "chunks": 0, "dead_lettered": 0,
-              "probes_skipped": 0}
+    totals = dict.fromkeys(SUMMARY_COUNTS, 0)
     seen: set[str] = set()
     pending: list[tuple[Record, str]] = []
     fill = _keys(spec)
@@ -162,6 +165,9 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
             totals["rows_written"] += result.written
             totals["duplicates_dropped"] += result.duplicates
             totals["dead_lettered"] += len(rows.dead) + len(result.rejected)
+            totals["superseded"] += result.superseded
+            totals["deleted"] += result.deleted
+            totals["filtered"] += result.filtered
             totals["chunks"] += 1
             pending.clear()
             if fault_armed:
