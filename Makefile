@@ -4,12 +4,12 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 KDG     = $(BIN)/kdg
 
-.PHONY: setup demo test test-fast test-long stack-up stack-down bench bench-spark bench-stream clean
+.PHONY: setup demo test test-fast test-long stack-up stack-down bench bench-spark bench-stream docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,schemas]'
+	$(BIN)/pip install -q -e '.[test,schemas,docs]'
 	touch $@
 
 ## setup: Python deps into .venv, Kafka's jars from Maven Central into the kdg cache
@@ -61,6 +61,10 @@ bench-spark: setup
 bench-stream: setup
 	$(BIN)/python benchmarks/spark_stream_bench.py --records 1000000 --repeat 3
 
+## docs: the documentation site into site/, strictly (a broken link, page or reference fails it); tests/test_docs.py runs it
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
 clean:
 	-$(KDG) stack down --purge
-	rm -rf $(VENV)
+	rm -rf $(VENV) site
