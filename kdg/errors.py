@@ -25,6 +25,10 @@ class PolicyViolation(UsageError):
     """An override would weaken the chosen delivery guarantee."""
 
 
+class StaleClaims(UsageError):
+    """A table's exactly-once claims were made for an older table of its name (`kdg db forget` deletes them)."""
+
+
 class MissingComponent(KdgError):
     """A program kdg needs (Java, Maven, a jar, Postgres binaries) is not installed."""
 

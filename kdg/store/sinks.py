@@ -10,6 +10,7 @@ from kdg.mapping.rows import StagedRows
 from kdg.settings import TableName, redact_dsn, table_name
 from kdg.store.handler import call_handler
 from kdg.store.identity import resolve_table
+from kdg.store.owners import follow_new_table
 from kdg.store.rows import GROUP_SINK_COLUMNS, SinkRows
 from kdg.store.tables import prepare_table
 from kdg.store.typed import TypedResult, TypedTarget, write_batch, written_rows
@@ -27,14 +28,22 @@ class SinksMixin:
     def ensure_sink_table(self, table: str | TableName) -> TableName:
         """Create sink ``table`` shaped like ``kdg_events`` if missing; returns its identity (schema-qualified).
 
-        A named schema must exist already: kdg creates its own tables, never a user's schema.
+        A named schema must exist already: kdg creates its own tables, never a user's schema. Claims kept under
+        the name of a table kdg creates go with it (:func:`kdg.store.owners.follow_new_table`; said in ``healed``).
         """
         identity = self.resolve_table(table)
         if identity not in self._sink_ready:
-            self._run(self.conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {identity.sql} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)"))
+            self._run(self._create_sink_table(identity))
             self._sink_ready.add(identity)
         return identity
+
+    async def _create_sink_table(self, table: TableName) -> None:
+        if await self.conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table.sql):
+            return
+        async with self.conn.transaction():  # the table appears with its name's old claims gone
+            await self.conn.execute(
+                f"CREATE TABLE IF NOT EXISTS {table.sql} (LIKE kdg_events INCLUDING DEFAULTS INCLUDING INDEXES)")
+            self.healed.extend(await follow_new_table(self.conn, table))
 
     def resolve_table(self, table: str | TableName) -> TableName:
         """The identity Postgres gives the table ``table`` names (:func:`kdg.store.identity.resolve_table`)."""
@@ -60,12 +69,13 @@ class SinksMixin:
 
     # -- typed sinks: a user's table, through a mapping --------------------------------------
     def prepare_typed(self, mapping, *, dry_run: bool = False):
-        """Check ``mapping`` against its table (creating it if the mapping says so, unless ``dry_run``).
+        """Check ``mapping`` against its table (creating it if the mapping says so, unless ``dry_run``: claims kept
+        under its name then go with it, said in ``healed``).
 
         Returns ``(TypedTarget, TableShape | None)``; a mismatch is a usage error naming the column.
         """
         async def prepare():
-            checked, shape = await prepare_table(self.conn, mapping, dry_run=dry_run)
+            checked, shape = await prepare_table(self.conn, mapping, dry_run=dry_run, notices=self.healed)
             return TypedTarget(checked), shape
 
         return self._run(prepare())

@@ -13,6 +13,7 @@ from kdg.errors import UsageError
 from kdg.mapping.spec import Column, Mapping, spelled, with_key
 from kdg.mapping.types import ColumnType
 from kdg.store.identity import resolve_table
+from kdg.store.owners import follow_new_table
 
 _COLUMNS = """SELECT a.attname AS name, format_type(a.atttypid, a.atttypmod) AS type,
                      format_type(a.atttypid, NULL) AS pg, t.typcategory = 'A' AS is_array,
@@ -139,8 +140,11 @@ def create_table_sql(mapping: Mapping) -> str:
     return f"CREATE TABLE IF NOT EXISTS {mapping.table.sql} ({', '.join(cols)})"
 
 
-async def prepare_table(conn, mapping: Mapping, *, dry_run: bool = False) -> tuple[Mapping, TableShape | None]:
-    """Check ``mapping`` against its table, creating the table first if the mapping says so (not on a dry run).
+async def prepare_table(conn, mapping: Mapping, *, dry_run: bool = False,
+                        notices: list | None = None) -> tuple[Mapping, TableShape | None]:
+    """Check ``mapping`` against its table, creating the table first if the mapping says so (not on a dry run);
+    claims kept under the name of a table it creates go with it, said in ``notices``
+    (:func:`kdg.store.owners.follow_new_table`).
 
     Returns the mapping with its table resolved to its identity (schema-qualified, :mod:`kdg.store.identity`)
     and its key resolved, and the table's shape (None: a dry run would create it).
@@ -162,6 +166,10 @@ async def prepare_table(conn, mapping: Mapping, *, dry_run: bool = False) -> tup
                              "key = [\"…\"] in --mapping")
         if dry_run:
             return mapping, None
-        await conn.execute(create_table_sql(mapping))
+        async with conn.transaction():  # the table appears with its name's old claims gone
+            await conn.execute(create_table_sql(mapping))
+            notes = await follow_new_table(conn, table)
+        if notices is not None:
+            notices.extend(notes)
         shape = await inspect_table(conn, table)
     return check_mapping(mapping, shape), shape

@@ -90,6 +90,7 @@ class Window:
     schema: str = "public"   # where kdg's state lives (kdg_windows' schema): every partition is made there
     version: object = None   # kdg_windows.updated_at as read: a change means the partitions changed shape
     healed: list[str] = field(default_factory=list)  # what was found dropped outside kdg as it was read
+    sink_oid: int | None = None  # the sink table its claims were made for (None: not recorded yet; owners.py)
 
     def to_dict(self) -> dict:
         return asdict(self) | {"parts": len(self.parts)}
@@ -124,7 +125,7 @@ class Maintained:
     healed: list[str] = field(default_factory=list)  # found dropped outside kdg, and forgotten (forget_dropped)
 
 
-_WINDOW = """SELECT w.relation, w.sink_table, w.retention_ms, w.retention_from, w.width_ms, w.horizon_ms,
+_WINDOW = """SELECT w.relation, w.sink_table, w.retention_ms, w.retention_from, w.width_ms, w.horizon_ms, w.sink_oid,
                     coalesce(array_agg(ARRAY[p.lo_ms, p.hi_ms] ORDER BY p.lo_ms) FILTER (WHERE p.part IS NOT NULL),
                              '{}') AS parts,
                     (SELECT nspname FROM pg_namespace n JOIN pg_class c ON c.relnamespace = n.oid
@@ -142,7 +143,8 @@ SIZE = """SELECT coalesce(sum(pg_total_relation_size(to_regclass(quote_ident(n.n
 
 def _window(row) -> Window:
     return Window(row["relation"], row["sink_table"], row["retention_ms"], row["retention_from"], row["width_ms"],
-                  row["horizon_ms"], [(lo, hi) for lo, hi in row["parts"]], row["schema"], row["updated_at"])
+                  row["horizon_ms"], [(lo, hi) for lo, hi in row["parts"]], row["schema"], row["updated_at"],
+                  sink_oid=row["sink_oid"])
 
 
 async def _windows(conn, relations: list[str] | None = None) -> list[Window]:
@@ -252,8 +254,16 @@ class WindowsMixin:
     partitions of ``kdg_dedup_<n>`` and ``kdg_ledger``."""
 
     def claim_window(self, table: TableName) -> Window:
-        """The claim window of sink table ``table`` (an identity), its claim table made if missing."""
-        return self._run(claim_window(self.conn, table))
+        """The claim window of sink table ``table`` (an identity), its claim table made if missing, checked to
+        hold the claims of the table there now (:func:`kdg.store.owners.check_owner`: else StaleClaims). Its
+        ``healed`` says what was found dropped, and what the store's preparing of the table dropped."""
+        from kdg.store.owners import check_owner
+
+        window = self._run(claim_window(self.conn, table))
+        self._run(check_owner(self.conn, window, table))
+        window.healed[:0] = self.healed  # a table kdg has just created took its name's claims with it
+        self.healed.clear()
+        return window
 
     def ledger_window(self) -> Window:
         return _window(self._run(self.conn.fetchrow(_WINDOW, "kdg_ledger")))
