@@ -1,4 +1,4 @@
-"""`kdg db migrate | status | maintain`: the kdg schema in any PostgreSQL database, and its bounded state."""
+"""`kdg db migrate | status | maintain | forget`: the kdg schema in any PostgreSQL database, and its state."""
 
 from typing import Annotated, Optional
 
@@ -92,6 +92,54 @@ def maintain(
         if m.skipped:
             shown.add_row(Text(f"  skipped: {m.skipped}"), "", "", "", "", "")
     console.print(shown)
+
+
+@app.command()
+def forget(
+    table: Annotated[str, typer.Option(help="The sink table whose exactly-once claims are deleted (it may be "
+                                       "dropped already).", show_default=False)],
+    group: Annotated[Optional[str], typer.Option("--group", "-G", help="Also delete this group's stored positions (kdg_offsets) in "
+                     "the claims' topics: it reads them from the beginning next time.")] = None,
+    topic: Annotated[Optional[list[str]], typer.Option(help="With --group: the topics whose positions are deleted "
+                     "(repeatable; default: the topics the claims came from).")] = None,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed without a "
+                                      "terminal).")] = False,
+    pg_dsn: PgDsn = None, as_json: Json = False,
+) -> None:
+    """Delete a table's exactly-once claims (to fill it again from records read before), and with --group, the
+    group's stored positions. Asks first, unless --yes."""
+    import sys
+
+    from kdg.store.forget import forget_claims
+
+    if topic and group is None:
+        raise UsageError("--topic names whose positions --group's are deleted: give --group too")
+    if not yes and not sys.stdin.isatty():
+        raise UsageError("kdg db forget deletes claims for good: pass --yes to do it without a terminal to ask on")
+    report = forget_claims(_dsn(pg_dsn), table, group=group, topics=topic or None,
+                           confirm=None if yes else _ask)
+    if as_json:
+        print_json(report)
+    else:
+        console.print(_removal(report), markup=False, highlight=False)
+
+
+def _removal(report) -> str:
+    """What ``kdg db forget`` removes (or removed), in words."""
+    verb = "forgot" if report.done else "will forget"
+    said = f"{verb} {report.claims} exactly-once claims of {report.table}"
+    if report.topics:
+        said += f" (records of {', '.join(report.topics)})"
+    if report.group is not None:
+        said += (f"; {'removed' if report.done else 'will remove'} {report.offsets} stored positions of group "
+                 f"{report.group!r}: it reads those topics from the beginning next time")
+    return said
+
+
+def _ask(report) -> bool:
+    err_console.print(_removal(report) + ". A record read again into the table is then written again.",
+                      markup=False, highlight=False)
+    return typer.confirm("Forget them?", default=False, err=True)
 
 
 def _utc(ms: int | None) -> str:
