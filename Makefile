@@ -62,8 +62,8 @@ bench-stream: setup
 	$(BIN)/python benchmarks/spark_stream_bench.py --records 1000000 --repeat 3
 
 ## docs: the documentation site into site/, strictly (a broken link, page or reference fails it); tests/test_docs.py runs it
-docs: setup
-	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
 	-$(KDG) stack down --purge
