@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Callable, Iterable
 
 from kdg.errors import ConnectionFailed, DeliveryError, KdgError, ProducerFatal, TransactionAborted
 from kdg.guarantees import policy_for
-from kdg.kafka.admin import ensure_topic
+from kdg.kafka.admin import ensure_topic, topic_config
 from kdg.kafka.producer import DeliveryReports, KdgProducer, refusals_for_good, refused
 from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, attempt_s, wait_until_up
 from kdg.metrics import Metrics
@@ -179,7 +179,7 @@ class _Outcomes:
                 or keys is not None and keys != self.keys.made_of(head, seq, n)):
             return False
         offset = offsets[0]
-        if offset is not None and offsets != list(range(offset, offset + n)):
+        if offsets != (list(range(offset, offset + n)) if offset is not None else [None] * n):
             return False
         after = None if offset is None else offset + n
         run = self.runs.get(partition)
@@ -355,11 +355,19 @@ class _Input:
 def _run_end(heads: list[str], seqs: list[int], offsets: list, at: int) -> int:
     """Where the run that starts at ``at`` seems to end: the first index whose head differs or whose sequence or
     offset is not ``at``'s plus its distance from it. Sequences and offsets rise within a partition and a head's
-    keys are together, so that is found by bisection (:meth:`_Outcomes._extend` then checks the run whole)."""
+    keys are together, so that is found by bisection (:meth:`_Outcomes._extend` then checks the run whole).
+
+    An offset may be None although the record was delivered (a retried batch the broker had already written:
+    librdkafka reports it delivered, its offset unknown); a record whose offset is known and one whose is not
+    are never in one run."""
     head, seq, offset = heads[at], seqs[at], offsets[at]
 
     def broken(i: int) -> bool:
-        return heads[i] != head or seqs[i] - seq != i - at or (offset is not None and offsets[i] - offset != i - at)
+        if heads[i] != head or seqs[i] - seq != i - at:
+            return True
+        if offset is None or offsets[i] is None:
+            return offsets[i] is not offset
+        return offsets[i] - offset != i - at
 
     return bisect_left(range(len(heads)), True, lo=at + 1, key=broken)
 
@@ -398,6 +406,7 @@ def _produce(req: ProduceRequest, policy, run_id, report: ProduceReport, metrics
     wait_until_up("Kafka", lambda: ensure_topic(req.conn.bootstrap_servers, req.topic, partitions=req.partitions,
                                                 extra=req.conn.extra, timeout=attempt),
                   req.wait_timeout, req.shutdown, req.notice)
+    _fit_batches(producer, req)
     producer.init()
     store = ledger = None
     if req.ledger:
@@ -448,6 +457,17 @@ def _produce(req: ProduceRequest, policy, run_id, report: ProduceReport, metrics
                     raise
             finally:
                 store.close()
+
+
+def _fit_batches(producer: KdgProducer, req: ProduceRequest) -> None:
+    """Batches within the topic's ``max.message.bytes`` (:meth:`KdgProducer.fit_batches`), so that a record too
+    large refuses no neighbour with it. A user who may not describe the topic keeps librdkafka's batches."""
+    try:
+        limit = topic_config(req.conn.bootstrap_servers, req.topic, ("max.message.bytes",), req.conn.extra)
+    except KdgError:
+        return
+    if limit.get("max.message.bytes", "").isdigit():
+        producer.fit_batches(int(limit["max.message.bytes"]))
 
 
 def _stopped(req: ProduceRequest, report: ProduceReport) -> None:
@@ -576,7 +596,11 @@ class _Transaction:
                 self.producer.commit()
                 break
             except TransactionAborted:
-                self.producer.abort()
+                try:
+                    self.producer.abort()
+                except ProducerFatal as exc:  # aborting anyway: nothing of it was committed
+                    self._renew(exc, aborting=True)
+                    continue
                 self._again()
             except ProducerFatal as exc:
                 self._renew(exc)
@@ -604,12 +628,18 @@ class _Transaction:
         for chunk in self.chunks:
             chunk.send(self.producer, self.req.topic, self.reports)
 
-    def _renew(self, exc: ProducerFatal) -> None:
+    def _renew(self, exc: ProducerFatal, aborting: bool = False) -> None:
         """The client died of a fatal error: if a new one can go on (:data:`kdg.kafka.producer.RENEWABLE`),
-        it takes over the transactional.id, which aborts the open transaction, and its records go again."""
+        it takes over the transactional.id, which aborts the open transaction, and its records go again.
+
+        ``aborting``: it died while aborting a transaction Kafka had failed, so none of it was committed; a fence
+        then goes on too. librdkafka meets one after requests timed out: the abort bumps the epoch (KIP-360), and
+        its own retried bump can be answered as a fence (seen with 40 produce responses held back). A producer
+        really fenced by another one with the same transactional.id still stops after
+        ``MAX_TXN_RETRIES`` renewals without a commit."""
         if self.renewals >= MAX_TXN_RETRIES:
             raise exc
-        self.producer.recover(exc)
+        self.producer.recover(exc, fenced_too=aborting)
         self.renewals += 1
         self.report.producer_renewals += 1
         self.req.notice(f"{exc}; a new producer took over the transactional.id (aborting the open transaction) "

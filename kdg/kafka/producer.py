@@ -41,6 +41,7 @@ def _ms(config: dict, key: str) -> int:
 
 
 _ANY_PARTITION = -1  # RD_KAFKA_PARTITION_UA: librdkafka's partitioner chooses
+LIBRDKAFKA_BATCH_SIZE = 1_000_000  # librdkafka's default batch.size
 
 # Fatal errors that a new client with the same transactional.id recovers from: the idempotent producer's
 # sequence bookkeeping gave up (timed-out requests whose fate it could not settle; a broker that forgot the
@@ -140,6 +141,22 @@ class KdgProducer:
         self.in_transaction = False
         if init:
             self.init()
+
+    def fit_batches(self, max_bytes: int) -> None:
+        """Build batches of at most ``max_bytes`` (the topic's ``max.message.bytes``), before anything is sent.
+
+        A broker refuses a batch over its topic's limit whole (MSG_SIZE_TOO_LARGE for every record in it), and
+        librdkafka never splits one: one record too large, or small records many enough, and each of them
+        would be reported refused. librdkafka closes a batch before the record that would take it past
+        ``batch.size`` (a record over it goes alone), so with this only a record too large itself is refused.
+        A smaller ``batch.size`` of the user's is kept."""
+        try:
+            if int(self._client_config.get("batch.size", LIBRDKAFKA_BATCH_SIZE)) <= max_bytes:
+                return
+        except (TypeError, ValueError):  # not a number: librdkafka refused it when the client was made
+            return
+        self.config["batch.size"] = self._client_config["batch.size"] = max_bytes
+        self._producer = new_producer(self._client_config, self._role)
 
     def init(self) -> None:
         """Register the transactional.id with its coordinator, fencing any older producer that had it."""
