@@ -192,9 +192,8 @@ def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool)
             continue
         if key is None:
             if must_have_key:
-                raise UsageError(f"record {topic}/{partition}/{offset} has no kdg-id header and no "
-                                 "--id-from was given; exactly-once needs an idempotency key for every record "
-                                 "(nothing of this batch was written)")
+                raise UsageError(f"{resolver.missing(rec)}; exactly-once needs an idempotency key for every "
+                                 "record (nothing of this batch was written)")
             key = f"{topic}/{partition}/{offset}"
         records.append((rec, key))
     return batch
@@ -231,7 +230,8 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
 
 def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metrics: Metrics) -> None:
     start = StartOffset(req.start)
-    resolver = KeyResolver(req.id_from, value_decoder(req) if req.id_from else None)
+    resolver = KeyResolver(req.id_from, value_decoder(req) if req.id_from else None,
+                           envelope=req.mapping.envelope if req.mapping is not None else "none")
     bootstrap, extra = req.conn.bootstrap_servers, req.conn.extra
     metrics.not_ready = "waiting for Kafka"
     partitions = wait_until_up("Kafka", lambda: topic_partitions(bootstrap, req.topic, extra,  # the topic must exist

@@ -5,16 +5,14 @@ the record's place in its batch (Kafka order within a partition), so a rejected 
 its record and the latest version of a key wins an upsert.
 """
 
-import re
-
-from kdg.mapping.sources import as_text, json_text, parse_json
+from kdg.mapping.events import RecordReader
+from kdg.mapping.sources import parse_json
 from kdg.mapping.spec import Mapping
 
 STAGE_PREFIX = (("seq", "integer"), ("idempotency_key", "text"), ("topic", "text"), ("partition", "integer"),
                 ("offset", "bigint"), ("tomb", "boolean"))
 TOMBSTONE_REASON = "tombstone (null value): --on-tombstone dead-letter"
 DELETE_REASON = "a Debezium delete (op d): --on-tombstone dead-letter"
-UPSERTS = frozenset(("c", "u", "r"))  # Debezium's create, update, read (snapshot): the row is `after`
 
 
 class RowMaker:
@@ -24,15 +22,20 @@ class RowMaker:
         """``registry``: the Schema Registry settings, for a schema'd value or key format."""
         self.mapping = mapping
         self.columns = mapping.columns
-        self._value_json = mapping.reads_value
-        self._key_json = any(c.source.kind == "key" for c in mapping.columns)
-        self._readers = [_reader(c.source, c.type) for c in mapping.columns]
         self._jsonb = [c.type.base == "jsonb" for c in mapping.columns]
         self._tombstones = mapping.on_tombstone
-        self._cdc = mapping.envelope == "debezium"
         client = _registry(mapping, registry)  # one client (and schema cache) for value and key
-        self._decode_value, self._value_bad = _decoding(mapping.value_format, client, "")
-        self._decode_key, self._key_bad = _decoding(mapping.key_format, client, " in the record key")
+        self._decode_value, value_bad = _decoding(mapping.value_format, client, "")
+        self._decode_key, key_bad = _decoding(mapping.key_format, client, " in the record key")
+        self._reader = RecordReader(
+            [c.source for c in mapping.columns], [c.type for c in mapping.columns], envelope=mapping.envelope,
+            decode_value=None if self._decode_value is parse_json else self._decode_value,
+            decode_key=None if self._decode_key is parse_json else self._decode_key,
+            value_bad=value_bad, key_bad=key_bad)
+        self._names = [f"column {c.name!r}" for c in mapping.columns]
+        # a delete must say which row: deleting by a NULL key would delete nothing, silently
+        self._delete_keys = [(i, c) for i, c in enumerate(mapping.columns) if c.name in mapping.key] \
+            if mapping.on_tombstone == "delete" else []
 
     def prepare(self, records) -> None:
         """Schemas of ``records``' schema'd values and keys fetched before their rows are made (and a COPY
@@ -63,65 +66,34 @@ class RowMaker:
             dead.append((rec, TOMBSTONE_REASON, key))
             return None
         try:
-            deleted, doc = self._change(rec) if self._cdc and not tomb else (False, None)
-            if deleted:  # staged as a tombstone: deleted by key, or (ignore) claimed and not applied
+            doc = self._reader.document(rec)
+            if doc.deleted and not tomb:  # a change event's delete: staged as a tombstone (deleted by key, or claimed)
                 if self._tombstones == "dead-letter":
                     dead.append((rec, DELETE_REASON, key))
                     return None
                 tomb = True
-            values = self._values(rec, key, tomb, doc)
+            values = self._reader.texts(rec, key, doc, self._names)
+            if tomb:
+                for i, column in self._delete_keys:
+                    if values[i] is None:
+                        raise ValueError(_keyless(column, doc.row_from_key))
         except ValueError as exc:
             dead.append((rec, str(exc), key))
             return None
-        return (seq, key, rec.topic, rec.partition, rec.offset, tomb, *values)
-
-    def _change(self, rec) -> tuple[bool, dict | None]:
-        """A Debezium change event (bare, or JsonConverter's ``{"schema", "payload"}``): (False, its ``after``)
-        for a create, update or snapshot read; (True, its ``before``) for a delete."""
-        try:
-            event = _unwrapped(self._decode_value(rec.value))
-        except ValueError as exc:
-            raise ValueError(f"{self._value_bad}{exc}") from None
-        op = event.get("op") if type(event) is dict else None
-        if op in UPSERTS:
-            after = event.get("after")
-            if type(after) is not dict:
-                raise ValueError(f"a Debezium change event (op {op}) without an after row")
-            return False, after
-        if op == "d":
-            return True, event.get("before") if type(event.get("before")) is dict else None
-        if op is None:
-            raise ValueError("not a Debezium change event: no op (with --envelope debezium)")
-        raise ValueError(f"a Debezium change event with op {op!r}: only c, u, r and d are applied")
-
-    def _values(self, rec, key, tomb: bool, doc=None) -> list:
-        """The column texts; ``doc`` is the value's JSON already read (a change event's row), else read here."""
-        if not self._cdc:
-            try:
-                doc = self._decode_value(rec.value) if self._value_json and not tomb else None
-            except ValueError as exc:
-                raise ValueError(f"{self._value_bad}{exc}") from None
-        try:
-            key_doc = self._decode_key(rec.key) if self._key_json else None
-        except ValueError as exc:
-            raise ValueError(f"{self._key_bad}{exc}") from None
-        if self._cdc:  # the key as Kafka Connect wrapped it, or bare
-            key_doc = _unwrapped(key_doc)
-        try:
-            values = [read(rec, key, doc, key_doc) for read in self._readers]
-        except ValueError:  # said again column by column, to name the one that cannot take its value
-            values = []
-            for column, read in zip(self.columns, self._readers):
-                try:
-                    values.append(read(rec, key, doc, key_doc))
-                except ValueError as exc:
-                    raise ValueError(f"column {column.name!r}: {exc}") from None
         for i, value in enumerate(values):
             if value is not None and ("\x00" in value or not value.isascii() or "\\u" in value) \
                     and not _storable(value, self._jsonb[i]):
-                raise ValueError(f"column {self.columns[i].name!r}: Postgres text cannot hold this value "
-                                 "(a NUL character or a lone UTF-16 surrogate)")
-        return values
+                dead.append((rec, f"column {self.columns[i].name!r}: Postgres text cannot hold this value "
+                                  "(a NUL character or a lone UTF-16 surrogate)", key))
+                return None
+        return (seq, key, rec.topic, rec.partition, rec.offset, tomb, *values)
+
+
+def _keyless(column, row_from_key: bool) -> str:
+    why = (f"before is null, and {column.source.spec} read the record key, which has no such field"
+           if row_from_key and column.source.kind == "value" else f"{column.source.spec} is null or missing")
+    return f"a delete without its key: key column {column.name!r} has no value ({why}); nothing says which row " \
+           "to delete"
 
 
 class StagedRows:
@@ -192,46 +164,6 @@ def _decoding(fmt: str, registry, where: str):
     from kdg.schemas.codecs import decoder
 
     return decoder(fmt, None, registry), ("record key: " if where else "")
-
-
-def _unwrapped(doc):
-    """Kafka Connect's JsonConverter with schemas on wraps each key and value as ``{"schema", "payload"}``."""
-    if type(doc) is dict and len(doc) == 2 and "payload" in doc and "schema" in doc:
-        return doc["payload"]
-    return doc
-
-
-def _reader(source, column_type):
-    """``read(rec, key, doc, key_doc)`` → the column's text; a top-level JSON field (the common case) is
-    read without the general path walk, once per record and column."""
-    if column_type.base == "bytea" and source.kind in ("key_text", "header"):
-        raw = source.raw  # the bytes, in bytea's hex form: as UTF-8 text, any other byte would become U+FFFD
-        return lambda rec, key, doc, key_doc: as_text(raw(rec))
-    if column_type.reads_json:
-        text = json_text
-    elif column_type.reads_epoch and source.kind in ("value", "key"):
-        text = _dated_text
-    else:
-        text = as_text
-    if source.kind == "value" and not source.pointer:
-        name = source.path[0]
-        return lambda rec, key, doc, key_doc: text(doc.get(name)) if type(doc) is dict else None
-    read = source.read
-    return lambda rec, key, doc, key_doc: text(read(rec, key, doc, key_doc))
-
-
-_BASIC_DATE = re.compile(r"[0-9]{8}").fullmatch  # ISO 8601's basic date, YYYYMMDD
-
-
-def _dated_text(value) -> str | None:
-    """:func:`as_text` for a timestamptz, timestamp or date column. Digits alone are epoch milliseconds (a JSON
-    number, or a string: producers that write 64-bit numbers as strings), except a JSON string of exactly 8
-    digits, ISO 8601's basic date (``"20240229"``; as epoch milliseconds, 2 hours into 1970): it is staged with
-    a leading space, which the cast's epoch test does not pass and Postgres's date input skips, so Postgres
-    reads it as 2024-02-29, or refuses it and the row is dead-lettered with Postgres's reason."""
-    if type(value) is str:
-        return " " + value if _BASIC_DATE(value) else value
-    return as_text(value)
 
 
 def _storable(text: str, jsonb: bool) -> bool:

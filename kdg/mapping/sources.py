@@ -5,7 +5,12 @@
     key                 the record key as UTF-8 text (into bytea: its bytes as they are)
     key:FIELD, key:/p   the record key parsed as JSON, then a field or a pointer as above
     header:NAME         a header's value as UTF-8 text, the last header of that name (into bytea: its bytes)
+    source:FIELD, source:/p       under ``--envelope debezium``: the change event's ``source`` block
+    envelope:FIELD, envelope:/p   under ``--envelope debezium``: the whole change event (``envelope:op``)
     topic, partition, offset, timestamp, idempotency_key      the record's metadata
+
+Under ``--envelope debezium`` ``json:`` reads the event's row (``after``; for a delete ``before``, or the
+record key when ``before`` is null): see :mod:`kdg.mapping.events`.
 
 A FIELD that begins with ``/`` is read as a pointer (``json:/~1x`` names a top-level field ``/x``).
 A missing field, a JSON ``null``, a missing key or header: NULL. Values reach Postgres as text, and
@@ -28,8 +33,9 @@ from uuid import UUID
 from kdg.errors import UsageError
 
 METADATA = ("topic", "partition", "offset", "timestamp", "idempotency_key")
-GRAMMAR = ("json:FIELD, json:/POINTER, key, key:FIELD, key:/POINTER, header:NAME, "
+GRAMMAR = ("json:FIELD, json:/POINTER, key, key:FIELD, key:/POINTER, header:NAME, source:FIELD, envelope:FIELD, "
            "topic, partition, offset, timestamp or idempotency_key")
+ENVELOPE_KINDS = ("source", "envelope")  # read a Debezium change event: only under --envelope debezium
 
 
 def _reject_constant(name: str):
@@ -66,7 +72,8 @@ _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=F
 
 @dataclass(frozen=True)
 class Source:
-    """One parsed SOURCE. ``kind``: ``value`` or ``key`` (JSON of either), ``key_text``, ``header``, ``meta``."""
+    """One parsed SOURCE. ``kind``: ``value`` or ``key`` (JSON of either), ``source`` or ``envelope`` (of a change
+    event), ``key_text``, ``header``, ``meta``."""
 
     kind: str
     path: tuple[str, ...] = ()   # the field (one name) or the pointer's tokens
@@ -77,15 +84,20 @@ class Source:
     @property
     def reads_value(self) -> bool:
         """Whether this source needs the record's value (a tombstone has none)."""
-        return self.kind == "value"
+        return self.kind == "value" or self.kind in ENVELOPE_KINDS
 
-    def read(self, rec, key: str | None, doc=None, key_doc=None):
-        """The raw value for ``rec`` (``doc``/``key_doc``: its value/key already parsed as JSON), or None."""
+    def read(self, rec, key: str | None, doc=None, key_doc=None, event=None):
+        """The raw value for ``rec`` (``doc``/``key_doc``: its value (or change event's row)/key already parsed as
+        JSON; ``event``: the change event), or None."""
         kind = self.kind
         if kind == "value":
             return walk(doc, self.path, self.pointer)
         if kind == "key":
             return walk(key_doc, self.path, self.pointer)
+        if kind == "source":
+            return walk(event.get("source") if type(event) is dict else None, self.path, self.pointer)
+        if kind == "envelope":
+            return walk(event, self.path, self.pointer)
         if kind == "key_text":
             return None if rec.key is None else rec.key.decode("utf-8", "replace")
         if kind == "header":
@@ -102,18 +114,6 @@ class Source:
         column: :meth:`read` gives them as text, decoded as UTF-8, which changes any byte that is not."""
         return rec.key if self.kind == "key_text" else rec.header(self.name)
 
-    def text_of(self, rec, key: str | None = None, decode=None) -> str | None:
-        """This source's value for ``rec`` as text, parsing what it needs; ValueError if that is not JSON
-        (``decode``: how the value is read, JSON by default; :mod:`kdg.schemas.codecs` for schema'd values).
-
-        A tombstone (no value) has no JSON to read: a ValueError too, so ``--id-from json:`` dead-letters it.
-        """
-        if self.kind == "value" and rec.value is None:
-            raise ValueError("a tombstone (null value) has no JSON to read the key from")
-        doc = (decode or parse_json)(rec.value) if self.kind == "value" else None
-        key_doc = parse_json(rec.key) if self.kind == "key" else None
-        return as_text(self.read(rec, key, doc, key_doc))
-
 
 def parse_source(spec: str, what: str = "source") -> Source:
     """Parse a SOURCE (see the module's docstring); anything else is a usage error listing the forms."""
@@ -126,9 +126,9 @@ def parse_source(spec: str, what: str = "source") -> Source:
     if sep and arg:
         if kind == "header":
             return Source("header", name=arg, spec=text)
-        if kind in ("json", "key"):
+        if kind in ("json", "key") or kind in ENVELOPE_KINDS:
             path, pointer = (parse_pointer(arg, spec), True) if arg.startswith("/") else ((arg,), False)
-            return Source("value" if kind == "json" else "key", path=path, pointer=pointer, spec=text)
+            return Source("value" if kind == "json" else kind, path=path, pointer=pointer, spec=text)
     raise UsageError(f"unknown {what} {text!r}: use {GRAMMAR}")
 
 

@@ -10,7 +10,8 @@ or ``--mapping orders.toml``::
     key = ["order_id"]           # upsert/delete key [default: the table's primary key]
     on_tombstone = "delete"      # dead-letter (default) | delete | ignore
     create_table = false
-    envelope = "none"            # none (default) | debezium: the row is the change event's `after`
+    envelope = "none"            # none (default) | debezium: json: reads the change event's row (`after`; a delete's
+                                 #   `before`, or the record key when before is null); source:/envelope: the event
     value_format = "json"        # json (default) | avro | protobuf | json-schema (through a Schema Registry) | raw
     key_format = "json"          # how key:FIELD sources read the key, the same choices
     [columns]
@@ -27,7 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kdg.errors import UsageError
-from kdg.mapping.sources import Source, parse_source
+from kdg.mapping.sources import ENVELOPE_KINDS, Source, parse_source
 from kdg.mapping.types import ColumnType, parse_type
 from kdg.schemas.formats import check_format
 from kdg.settings import TableName, table_name
@@ -230,6 +231,10 @@ def validate(mapping: Mapping) -> Mapping:
             shown = f"column {reading.name!r} reads {reading.source.spec!r}" if reading else "envelope = debezium"
             raise UsageError(f"{kind}_format raw: {shown}, which needs the {kind} decoded; "
                              f"use json, avro, protobuf or json-schema, or no {what} source")
+    enveloped = next((c for c in mapping.columns if c.source.kind in ENVELOPE_KINDS), None)
+    if enveloped is not None and mapping.envelope != "debezium":
+        raise UsageError(f"column {enveloped.name!r} reads {enveloped.source.spec!r}, a field of a change event: "
+                         "give --envelope debezium (envelope = \"debezium\" in --mapping)")
     if len(set(mapping.key)) != len(mapping.key):
         raise UsageError(f"key {list(mapping.key)} names a column twice")
     mapping.check_key(mapping.key, "key")

@@ -60,7 +60,8 @@ def _keys(spec: WriteSpec):
 
     from kdg.schemas.codecs import optional_decoder
 
-    resolver = KeyResolver(spec.id_from, optional_decoder(spec.value_format, spec.registry))
+    resolver = KeyResolver(spec.id_from, optional_decoder(spec.value_format, spec.registry),
+                           envelope=spec.typed.mapping.envelope if spec.typed is not None else None)
     return lambda key, rec: key if key is not None else resolver.key_or_fallback(rec, fallback=not spec.dedup)
 
 

@@ -1,0 +1,336 @@
+"""Kafka Connect's and Debezium's logical types, decoded from the schema that comes with each record.
+
+Kafka Connect's JsonConverter (``schemas.enable=true``) sends each key and value as ``{"schema", "payload"}``;
+the schema names each field's logical type, and the payload holds the type's wire form: days since 1970 for
+``io.debezium.time.Date``, base64 bytes and a ``scale`` for ``org.apache.kafka.connect.data.Decimal``.
+:func:`converter` turns one field's schema, for one column type, into a function from the field's JSON value
+to the text Postgres receives; a type that cannot go to the column gives a function that raises ValueError
+(the record is dead-lettered with the reason), never a wrong value. :class:`ConnectJson` reads the wrapped
+JSON, parsing a schema it has seen before only once (the schema is most of such a record's bytes).
+
+Example:
+    >>> converter({"type": "int32", "name": "io.debezium.time.Date"}, None)(19_723)
+    '2024-01-01'
+"""
+
+import base64
+import binascii
+import json
+import re
+from datetime import date, datetime, timezone
+
+from kdg.mapping.sources import JsonNumber, parse_json
+
+_TEXT = frozenset({"text", "character varying", "character"})
+_TZ, _TS = "timestamp with time zone", "timestamp without time zone"
+_TIMETZ, _TIME = "time with time zone", "time without time zone"
+_NUMBERS = frozenset({"smallint", "integer", "bigint", "numeric", "real", "double precision", "money"})
+_JSON = frozenset({"json", "jsonb"})
+# the families kdg knows; a value may go to another (an enum, a domain, a user's type) where Postgres casts it
+_KNOWN = frozenset({"date", _TZ, _TS, _TIMETZ, _TIME, "interval", "uuid", "bytea", "boolean", "array", "xml",
+                    "inet", "cidr", "macaddr", "bit"}) | _NUMBERS | _JSON | _TEXT
+_EPOCH_ORDINAL = date(1970, 1, 1).toordinal()
+_UNITS = {"ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
+_DEBEZIUM, _CONNECT = "io.debezium.", "org.apache.kafka.connect.data."
+
+
+def _whole(value, name: str) -> int:
+    if type(value) is not int:
+        raise ValueError(f"{name}: expected a whole number, not {value!r}")
+    return value
+
+
+def _day(days: int) -> str:
+    try:
+        return date.fromordinal(_EPOCH_ORDINAL + days).isoformat()
+    except (ValueError, OverflowError):
+        raise ValueError(f"{days} days since 1970 is outside the years 1 to 9999") from None
+
+
+def _fraction(part: int, unit: str) -> str:
+    """``part`` of a second in ``unit`` as ``.digits`` (exact: integers only, never a float)."""
+    return "." + str(part).rjust(len(str(_UNITS[unit])) - 1, "0") if part else ""
+
+
+def _time_of_day(value: int, unit: str) -> str:
+    seconds, part = divmod(value, _UNITS[unit])
+    hours, rest = divmod(seconds, 3600)
+    return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}{_fraction(part, unit)}"
+
+
+def _stamp(value: int, unit: str) -> str:
+    seconds, part = divmod(value, _UNITS[unit])  # floor: a fraction before 1970 counts up from the second below
+    days, rest = divmod(seconds, 86_400)
+    return f"{_day(days)} {_time_of_day(rest * _UNITS[unit] + part, unit)}"
+
+
+def _unscaled(value, name: str) -> int:
+    try:
+        raw = base64.b64decode(value, validate=True)
+    except (binascii.Error, ValueError, TypeError):
+        raise ValueError(f"{name}: {value!r} is not base64 bytes") from None
+    return int.from_bytes(raw, "big", signed=True)
+
+
+def _scaled(unscaled: int, scale: int) -> str:
+    """``unscaled × 10^-scale`` as exact decimal text."""
+    digits = str(abs(unscaled))
+    if scale > 0:
+        digits = digits.rjust(scale + 1, "0")
+        digits = f"{digits[:-scale]}.{digits[-scale:]}"
+    elif scale < 0:
+        digits += "0" * -scale
+    return ("-" if unscaled < 0 else "") + digits
+
+
+def _decimal(value, schema: dict, name: str) -> str:
+    if type(value) is int or type(value) is JsonNumber:  # JsonConverter's decimal.format = NUMERIC
+        return str(value)
+    try:
+        scale = int((schema.get("parameters") or {}).get("scale", 0))
+    except (TypeError, ValueError):
+        raise ValueError(f"{name}: its schema's scale is not a number") from None
+    return _scaled(_unscaled(value, name), scale)
+
+
+def _variable_decimal(value, schema: dict, name: str) -> str:
+    if type(value) is not dict or type(value.get("scale")) is not int:
+        raise ValueError(f"{name}: expected {{scale, value}}, not {value!r}")
+    return _scaled(_unscaled(value.get("value"), name), value["scale"])
+
+
+def _utc_wall(text: str, name: str) -> str:
+    """An ISO 8601 time or timestamp with an offset as UTC's wall clock, without the offset."""
+    if text.endswith("Z"):
+        return text[:-1]
+    for utc in ("+00:00", "+00", "-00:00"):
+        if text.endswith(utc):
+            return text[:-len(utc)]
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(f"{name}: {text!r} is not an ISO 8601 timestamp") from None
+    if moment.tzinfo is None:
+        return text
+    return moment.astimezone(timezone.utc).replace(tzinfo=None).isoformat()
+
+
+def _string(value, name: str) -> str:
+    if type(value) is not str:
+        raise ValueError(f"{name}: expected a string, not {value!r}")
+    return value
+
+
+def _pg_array(items: list[str]) -> str:
+    """A Postgres array literal of texts, each quoted: ``{"a","b c"}``."""
+    return "{" + ",".join('"' + i.replace("\\", "\\\\").replace('"', '\\"') + '"' for i in items) + "}"
+
+
+# each logical type: (the families it may go to besides text, decode(value, schema, name) → its canonical text)
+_DAYS = ({"date", _TS, _TZ}, lambda v, s, n: _day(_whole(v, n)))
+_TIMES = {unit: ({_TIME, _TIMETZ}, lambda v, s, n, u=unit: _time_of_day(_whole(v, n), u)) for unit in _UNITS}
+_STAMPS = {unit: ({_TS, _TZ, "date"}, lambda v, s, n, u=unit: _stamp(_whole(v, n), u)) for unit in _UNITS}
+_STRING = (frozenset(), lambda v, s, n: _string(v, n))  # text, or a type of the user's (an enum, a domain)
+LOGICAL = {
+    _CONNECT + "Date": _DAYS, _DEBEZIUM + "time.Date": _DAYS,
+    _CONNECT + "Time": _TIMES["ms"], _DEBEZIUM + "time.Time": _TIMES["ms"],
+    _DEBEZIUM + "time.MicroTime": _TIMES["us"], _DEBEZIUM + "time.NanoTime": _TIMES["ns"],
+    _CONNECT + "Timestamp": _STAMPS["ms"], _DEBEZIUM + "time.Timestamp": _STAMPS["ms"],
+    _DEBEZIUM + "time.MicroTimestamp": _STAMPS["us"], _DEBEZIUM + "time.NanoTimestamp": _STAMPS["ns"],
+    _DEBEZIUM + "time.ZonedTimestamp": ({_TZ, _TS, "date"}, lambda v, s, n: _string(v, n)),
+    _DEBEZIUM + "time.ZonedTime": ({_TIMETZ, _TIME}, lambda v, s, n: _string(v, n)),
+    _DEBEZIUM + "time.Year": (_NUMBERS, lambda v, s, n: str(_whole(v, n))),
+    _DEBEZIUM + "time.MicroDuration": ({"interval"} | _NUMBERS, lambda v, s, n: str(_whole(v, n))),
+    _DEBEZIUM + "time.Interval": ({"interval"}, lambda v, s, n: _string(v, n)),
+    _CONNECT + "Decimal": (_NUMBERS | _JSON, _decimal),
+    _DEBEZIUM + "data.VariableScaleDecimal": (_NUMBERS | _JSON, _variable_decimal),
+    _DEBEZIUM + "data.Json": (_JSON, lambda v, s, n: _string(v, n)),
+    _DEBEZIUM + "data.Uuid": ({"uuid"}, lambda v, s, n: _string(v, n)),
+    _DEBEZIUM + "data.Enum": _STRING, _DEBEZIUM + "data.Xml": ({"xml"}, _STRING[1]),
+    _DEBEZIUM + "data.Ltree": _STRING,
+    _DEBEZIUM + "data.EnumSet": ({"array"}, lambda v, s, n: _string(v, n)),
+}
+
+
+def _base64_bytes(value, schema, name) -> str:
+    try:
+        return "\\x" + base64.b64decode(_string(value, name), validate=True).hex()
+    except (binascii.Error, ValueError):
+        raise ValueError(f"a Connect bytes field: {value!r} is not base64") from None
+
+
+def _to_column(name: str, family: str, text: str) -> str:
+    """The canonical text of a logical type adapted to its column's family where Postgres would read it
+    otherwise: a time or timestamp without zone into a column with one is UTC's; one with an offset into a
+    column without is UTC's wall clock; an EnumSet into an array is an array literal."""
+    if family == _TZ and name in _LOCAL_STAMPS:
+        return text + "+00"
+    if family == _TZ and name in _DAY_NAMES:
+        return text + " 00:00:00+00"
+    if family == _TIMETZ and name in _LOCAL_TIMES:
+        return text + "+00"
+    if family in (_TS, _TIME, "date") and name in _ZONED:
+        return _utc_wall(text, name)
+    if family == "array" and name.endswith("EnumSet"):
+        return _pg_array(text.split(",")) if text else "{}"
+    if family == "interval" and name.endswith("MicroDuration"):
+        return f"{text} microseconds"
+    return text
+
+
+_DAY_NAMES = {n for n, kind in LOGICAL.items() if kind is _DAYS}
+_LOCAL_STAMPS = {n for n, kind in LOGICAL.items() if kind in _STAMPS.values()}
+_LOCAL_TIMES = {n for n, kind in LOGICAL.items() if kind in _TIMES.values()}
+_ZONED = {_DEBEZIUM + "time.ZonedTimestamp", _DEBEZIUM + "time.ZonedTime"}
+_RAW_NUMBER_OK = _DAY_NAMES | _LOCAL_STAMPS | _LOCAL_TIMES  # into a number column: the number as sent
+
+
+def converter(schema, column_type):
+    """``convert(value) → text`` for a field of ``schema`` (its Connect schema) going to a column of
+    ``column_type`` (a resolved :class:`~kdg.mapping.types.ColumnType`; None: text); None where the field has
+    no logical type, and its value goes as plain JSON does.
+
+    A logical type goes to a text column, to the families it names, or to a type kdg does not know (an enum,
+    a domain: Postgres casts the text, or refuses it). A date, time or timestamp goes to a number column as
+    the number Connect sent. Anything else, and a type kdg does not know into anything but text or JSON,
+    is refused: the converter raises ValueError, and the record is dead-lettered with the reason."""
+    if type(schema) is not dict:
+        return None
+    name, family = schema.get("name"), column_type.base if column_type is not None else "text"
+    if name is None:  # a plain Connect type; its bytes are base64 on the wire: decoded for bytea, else as sent
+        return _converting("bytes", _base64_bytes, schema, family) if schema.get("type") == "bytes" and \
+            family == "bytea" else None
+    if name not in LOGICAL:
+        if family in _TEXT or family in _JSON:
+            return None
+        return _refusing(f"{name} (a Connect {schema.get('type')}) is a type kdg does not convert: it can go "
+                         f"to a text or jsonb column, not {_shown(column_type)}")
+    families, decode = LOGICAL[name]
+    if family in _NUMBERS and name in _RAW_NUMBER_OK:
+        return _converting(name, lambda v, s, n: str(_whole(v, n)), schema, "text")
+    if family in _TEXT or family in families or family not in _KNOWN:
+        return _converting(name, decode, schema, family)
+    return _refusing(f"{name} cannot go to a {_shown(column_type)} column")
+
+
+def _shown(column_type) -> str:
+    return column_type.name if column_type is not None else "text"
+
+
+def _converting(name: str, decode, schema: dict, family: str = "text"):
+    adapt = family not in _TEXT
+
+    def convert(value):
+        if value is None:
+            return None
+        text = decode(value, schema, name)
+        return _to_column(name, family, text) if adapt else text
+    return convert
+
+
+def _refusing(reason: str):
+    def refuse(value):
+        if value is not None:
+            raise ValueError(reason)
+        return None
+    return refuse
+
+
+def field_schema(schema, path: tuple[str, ...]):
+    """The Connect schema of the field at ``path`` in a value of ``schema`` (struct fields, array items, map
+    values); None where the schema does not say."""
+    for token in path:
+        if type(schema) is not dict:
+            return None
+        kind = schema.get("type")
+        if kind == "struct":
+            schema = next((f for f in schema.get("fields") or () if type(f) is dict and f.get("field") == token),
+                          None)
+        elif kind == "array" and token.isdigit():
+            schema = schema.get("items")
+        elif kind == "map":
+            schema = schema.get("values")
+        else:
+            return None
+    return schema
+
+
+def envelope_field(schema, name: str):
+    """The schema of a Debezium envelope's ``after``, ``before`` or ``source`` field."""
+    return field_schema(schema, (name,))
+
+
+def is_wrapped(doc) -> bool:
+    """Whether ``doc`` is Kafka Connect's JsonConverter ``{"schema", "payload"}``."""
+    return type(doc) is dict and len(doc) == 2 and "payload" in doc and type(doc.get("schema")) is dict
+
+
+_HEAD = re.compile(rb'\s*\{\s*"schema"\s*:\s*')
+_WS = b" \t\r\n"
+
+
+def _split(data: bytes) -> tuple[int, int, int] | None:
+    """Where the schema's text starts and ends, and the payload's starts, in JsonConverter's
+    ``{"schema": S, "payload": P}`` (found with ``bytes.find``, no parsing); None for any other layout."""
+    head = _HEAD.match(data)
+    if head is None:
+        return None
+    start, size = head.end(), len(data)
+    at = data.find(b'"payload"', start)
+    while at > 0:
+        comma = at - 1
+        while data[comma] in _WS:
+            comma -= 1
+        colon = at + 9
+        while colon < size and data[colon] in _WS:
+            colon += 1
+        if data[comma] == 44 and colon < size and data[colon] == 58:  # ',' before it and ':' after: a key
+            return start, comma, colon + 1
+        at = data.find(b'"payload"', at + 9)
+    return None
+
+
+class ConnectJson:
+    """JSON values (or keys), JsonConverter's ``{"schema", "payload"}`` among them, read with each schema's
+    text parsed once: ``read(data)`` → ``(doc, schema_id)``, where ``schema_id`` names the schema (the same text,
+    the same id; None: not wrapped), for caching what is made from it."""
+
+    LIMIT = 64  # schemas kept; a topic has a few at a time (one per table version)
+
+    def __init__(self):
+        self._known: dict[bytes, dict] = {}
+
+    def read(self, data) -> tuple:
+        if type(data) is str:
+            data = data.encode("utf-8")
+        if data.find(b'"schema"', 0, 32) < 0:  # not wrapped (the common case): no more looking
+            doc = parse_json(data)
+            return doc, None if not is_wrapped(doc) else self._named(doc)
+        found = _split(data)
+        text = data[found[0]:found[1]].rstrip() if found else None
+        schema = self._known.get(text) if text is not None else None
+        if schema is not None:
+            end = data.rstrip()
+            if end.endswith(b"}"):
+                try:
+                    return {"schema": schema, "payload": parse_json(end[found[2]:-1])}, text
+                except ValueError:  # not the shape it looked like: read it whole
+                    pass
+        doc = parse_json(data)
+        if not is_wrapped(doc):
+            return doc, None
+        try:
+            seen = text is not None and parse_json(text) == doc["schema"]
+        except ValueError:
+            seen = False
+        if not seen:
+            return doc, self._named(doc)
+        if len(self._known) >= self.LIMIT:
+            self._known.clear()
+        self._known[text] = doc["schema"]
+        return doc, text
+
+    @staticmethod
+    def _named(doc: dict) -> bytes:
+        """A wrapper in another layout (``payload`` first): its schema's own JSON names it."""
+        return json.dumps(doc["schema"], sort_keys=True, default=str).encode()

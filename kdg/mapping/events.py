@@ -1,0 +1,223 @@
+"""What a record's sources read: its value's document, its key's, a change event's row, and their Connect types.
+
+Under ``--envelope debezium`` each value is a change event (bare, or in JsonConverter's ``{"schema",
+"payload"}``), and ``json:`` reads its row: ``after`` for a create, update or snapshot read (op c, u, r),
+``before`` for a delete (op d). A delete whose ``before`` is null (``REPLICA IDENTITY NOTHING``) and a
+tombstone have no row in the value: theirs is the record key (Debezium's key is the row's primary key).
+``source:`` reads the event's ``source`` block, ``envelope:`` the whole event. The typed sink's columns
+(:class:`kdg.mapping.rows.RowMaker`) and ``--id-from`` (:class:`kdg.keys.KeyResolver`) read them through
+one :class:`RecordReader`, so a key and a column read the same field the same way.
+
+Where the record carries its schema (JsonConverter's), each field's Connect logical type is decoded for its
+column (:mod:`kdg.mapping.connect`), by a plan made once per schema.
+"""
+
+import functools
+import re
+from typing import NamedTuple
+
+from kdg.mapping.connect import ConnectJson, converter, envelope_field, field_schema, is_wrapped
+from kdg.mapping.sources import as_text, json_text, parse_json
+
+UPSERTS = frozenset(("c", "u", "r"))  # Debezium's create, update, read (snapshot): the row is `after`
+_NO_PLAN = object()
+
+
+class Document(NamedTuple):
+    """One record as its sources see it."""
+
+    deleted: bool      # a change event's delete (op d) or, under an envelope, a tombstone
+    row: object        # what json: reads
+    event: object      # the change event (source:, envelope:)
+    key_doc: object    # the record key as JSON (key:FIELD)
+    plan: tuple | None  # per source, its reader decoding the Connect types the schema names (None: none do)
+    row_from_key: bool = False  # a delete without before, or a tombstone: the row is the record key
+
+
+_NOTHING = Document(False, None, None, None, None)
+_document = functools.partial(tuple.__new__, Document)  # Document(...) without its Python-level __new__
+
+
+class RecordReader:
+    """Reads ``sources`` (going to columns of ``types``; None: text) from records.
+
+    ``decode_value``/``decode_key``: a schema'd format's decoder (:mod:`kdg.schemas.codecs`), or None for
+    JSON; ``value_bad``/``key_bad``: what their errors are prefixed with.
+    """
+
+    def __init__(self, sources, types, *, envelope: str = "none", decode_value=None, decode_key=None,
+                 value_bad: str = "bad JSON: ", key_bad: str = "bad JSON in the record key: "):
+        self.sources, self.types = tuple(sources), tuple(types)
+        self.cdc = envelope == "debezium"
+        self._reads_value = self.cdc or any(s.kind in ("value", "source", "envelope") for s in self.sources)
+        self._reads_key = any(s.kind == "key" for s in self.sources)
+        self._value_json, self._key_json = ConnectJson(), ConnectJson()
+        self._decode_value, self._decode_key = decode_value, decode_key
+        self._value_bad, self._key_bad = value_bad, key_bad
+        self._plans: dict = {}
+        self._plain = not self.cdc and self._reads_value and not self._reads_key and decode_value is None
+        self._raw = tuple(_raw_reader(s, t) for s, t in zip(self.sources, self.types))
+        self._readers = tuple(_reader(s, raw, _text(s, t)) for raw, s, t in zip(self._raw, self.sources, self.types))
+
+    def document(self, rec) -> Document:
+        """What ``rec``'s sources read; ValueError (the record's dead letter) if its value or key cannot be read,
+        or is not a change event under the envelope."""
+        tomb = rec.value is None
+        if not self.cdc:
+            if self._plain:  # JSON values, no key: sources: the common case, kept short
+                if tomb:
+                    return _NOTHING
+                try:
+                    if rec.value.find(b'"schema"', 0, 32) < 0:  # not JsonConverter's (its schema comes first)
+                        return _document((False, parse_json(rec.value), None, None, None, False))
+                    row, vid = self._value_json.read(rec.value)
+                except ValueError as exc:
+                    raise ValueError(f"{self._value_bad}{exc}") from None
+                if vid is None:
+                    return Document(False, row, None, None, None)
+                vschema = row["schema"]
+            else:
+                row, vid, vschema = self._value(rec) if self._reads_value and not tomb else (None, None, None)
+            key_doc, kid, kschema = self._key(rec) if self._reads_key else (None, None, None)
+            if vid is None and kid is None:
+                return Document(False, row, None, key_doc, None)
+            plan = self._plan((vid, None, kid), lambda: {"value": _wrapper(vschema), "key": _wrapper(kschema)})
+            return Document(False, row, None, key_doc, plan)
+        event, vid, vschema = (None, None, None) if tomb else self._value(rec, unwrap=True)
+        deleted, field = tomb, "key"
+        if not tomb:
+            op = event.get("op") if type(event) is dict else None
+            if op in UPSERTS:
+                field = "after"
+                if type(event.get("after")) is not dict:
+                    raise ValueError(f"a Debezium change event (op {op}) without an after row")
+            elif op == "d":
+                deleted, field = True, "before" if type(event.get("before")) is dict else "key"
+            elif op is None:
+                raise ValueError("not a Debezium change event: no op (with --envelope debezium)")
+            else:
+                raise ValueError(f"a Debezium change event with op {op!r}: only c, u, r and d are applied")
+        key_doc, kid, kschema = (None, None, None)
+        if self._reads_key or field == "key":
+            try:
+                key_doc, kid, kschema = self._key(rec, unwrap=True)
+            except ValueError:
+                if self._reads_key:
+                    raise
+        row = key_doc if field == "key" else event[field]
+        if vid is None and kid is None:
+            return Document(deleted, row, event, key_doc, None, field == "key")
+
+        def roots() -> dict:
+            return {"value": kschema if field == "key" else envelope_field(vschema, field), "key": kschema,
+                    "source": envelope_field(vschema, "source"), "envelope": vschema}
+        return Document(deleted, row, event, key_doc, self._plan((vid, field, kid), roots), field == "key")
+
+    def texts(self, rec, key, doc: Document, names) -> list:
+        """The text of each source for ``rec`` (``key``: its idempotency key); a value its column cannot take
+        is a ValueError naming the column (``names``)."""
+        row, key_doc, event = doc.row, doc.key_doc, doc.event
+        readers = self._readers if doc.plan is None else doc.plan
+        try:
+            return [read(rec, key, row, key_doc, event) for read in readers]
+        except ValueError:  # said again source by source, to name the column that cannot take its value
+            for read, name in zip(readers, names):
+                try:
+                    read(rec, key, row, key_doc, event)
+                except ValueError as exc:
+                    raise ValueError(f"{name}: {exc}") from None
+            raise
+
+    def _value(self, rec, unwrap: bool = False) -> tuple:
+        """``(document, schema id, schema)`` of the value: unwrapped from Connect's wrapper when ``unwrap``."""
+        try:
+            if self._decode_value is None:
+                doc, sid = self._value_json.read(rec.value)
+            else:
+                doc, sid = self._decode_value(rec.value), None
+        except ValueError as exc:
+            raise ValueError(f"{self._value_bad}{exc}") from None
+        schema = doc["schema"] if sid is not None else None
+        return (doc["payload"] if unwrap and is_wrapped(doc) else doc), sid, schema
+
+    def _key(self, rec, unwrap: bool = False) -> tuple:
+        if rec.key is None:
+            return None, None, None
+        try:
+            if self._decode_key is None:
+                doc, sid = self._key_json.read(rec.key)
+            else:
+                doc, sid = self._decode_key(rec.key), None
+        except ValueError as exc:
+            raise ValueError(f"{self._key_bad}{exc}") from None
+        schema = doc["schema"] if sid is not None else None
+        return (doc["payload"] if unwrap and is_wrapped(doc) else doc), sid, schema
+
+    def _plan(self, ident: tuple, roots):
+        """The readers for the schemas ``ident`` names, made once (``roots()``: each source kind's schema)."""
+        plan = self._plans.get(ident, _NO_PLAN)
+        if plan is _NO_PLAN:
+            if len(self._plans) >= 256:
+                self._plans.clear()
+            found = roots()
+            converters = [converter(field_schema(found.get(s.kind), s.path), t) if s.kind in _ROOTS else None
+                          for s, t in zip(self.sources, self.types)]
+            plan = self._plans[ident] = None if not any(converters) else tuple(
+                read if convert is None else _reader(source, raw, convert)
+                for source, raw, read, convert in zip(self.sources, self._raw, self._readers, converters))
+        return plan
+
+
+_ROOTS = ("value", "key", "source", "envelope")  # the source kinds a schema may describe
+
+
+def _wrapper(schema):
+    """Without an envelope a wrapped value is read as it is (``json:/payload/FIELD``): its schema seen so."""
+    return None if schema is None else {"type": "struct", "fields": [{**schema, "field": "payload"}]}
+
+
+def _raw_reader(source, column_type):
+    """``read(rec, key, row, key_doc, event)`` → the source's value as found (a top-level field without the
+    general path walk: the common case, once per record and column)."""
+    if column_type is not None and column_type.base == "bytea" and source.kind in ("key_text", "header"):
+        raw = source.raw  # the bytes, in bytea's hex form: as UTF-8 text, any other byte would become U+FFFD
+        return lambda rec, key, row, key_doc, event: raw(rec)
+    if source.kind == "value" and not source.pointer:
+        name = source.path[0]
+        return lambda rec, key, row, key_doc, event: row.get(name) if type(row) is dict else None
+    return source.read
+
+
+def _text(source, column_type):
+    """How a found value becomes its column's text: JSON text for json and jsonb, digits as epoch milliseconds
+    for timestamps and dates (:func:`dated_text`), else :func:`kdg.mapping.sources.as_text`."""
+    if column_type is None:
+        return as_text
+    if column_type.reads_json:
+        return json_text
+    if column_type.reads_epoch and source.kind in ("value", "key", "source", "envelope"):
+        return dated_text
+    return as_text
+
+
+def _reader(source, raw, text):
+    """``read(rec, key, row, key_doc, event)`` → the column's text: ``text`` of what ``raw`` finds, in one call
+    for a top-level field (the common case, once per record and column)."""
+    if source.kind == "value" and not source.pointer:
+        name = source.path[0]
+        return lambda rec, key, row, key_doc, event: text(row.get(name) if type(row) is dict else None)
+    return lambda rec, key, row, key_doc, event: text(raw(rec, key, row, key_doc, event))
+
+
+_BASIC_DATE = re.compile(r"[0-9]{8}").fullmatch  # ISO 8601's basic date, YYYYMMDD
+
+
+def dated_text(value) -> str | None:
+    """:func:`as_text` for a timestamptz, timestamp or date column. Digits alone are epoch milliseconds (a JSON
+    number, or a string: producers that write 64-bit numbers as strings), except a JSON string of exactly 8
+    digits, ISO 8601's basic date (``"20240229"``; as epoch milliseconds, 2 hours into 1970): it is staged with
+    a leading space, which the cast's epoch test does not pass and Postgres's date input skips, so Postgres
+    reads it as 2024-02-29, or refuses it and the row is dead-lettered with Postgres's reason."""
+    if type(value) is str:
+        return " " + value if _BASIC_DATE(value) else value
+    return as_text(value)
