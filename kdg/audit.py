@@ -1,21 +1,22 @@
 """`kdg audit`: compare what the producer ledger says was acknowledged with what reached the sink."""
 
 import functools
-import time
 from datetime import datetime, timezone
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 
 from kdg.audit_groups import load_positions, standings
-from kdg.errors import ConnectionFailed, UnknownTopic, UsageError
+from kdg.audit_topic import LEDGER, SOURCE_HEADER, TOPIC, TOPIC_JOIN, TOPIC_NOTE, has_ledger, iter_topic, \
+    load_topic, require_topic
+from kdg.errors import UsageError
 from kdg.records import GROUP_HEADER, ID_HEADER
 from kdg.settings import Connection, table_name
 from kdg.sinks import parse_sink
 from kdg.sinks.dead_letters import REASON_HEADER, SQLSTATE_HEADER, dlq_topic
 
 EXAMPLES = 5
-IDLE_LIMIT_S = 15  # an open transaction can hold read_committed readers back; do not wait forever
-OPEN_TXN_WAIT_S = 10.0  # how long an open transaction in a topic the audit reads is waited for
+# what the producer ledger alone can tell: left out of a report whose truth is the topic
+_LEDGER_ONLY = ("acked", "failed", "unexpected", "ledger_horizon")
 
 
 @dataclass
@@ -23,10 +24,15 @@ class AuditReport:
     topic: str
     sink: str
     group: str | None
+    truth: str = LEDGER         # what says which records should be in the sink: the producer ledger, or the topic
+    records: int | None = None  # truth "topic": records read from the topic (to its end)
+    keys: int | None = None     # truth "topic": their distinct keys (as --id-from makes them): the unit counted
     acked: int = 0              # records the producer saw acknowledged (or sent, under acks=0)
     failed: int = 0             # records the producer was told failed
     processed_unique: int = 0   # distinct keys in the sink
-    rows: int = 0               # rows in the sink, duplicates included
+    rows: int = 0               # rows in the sink table (of this topic and group, in a kdg-shaped table), or
+                                # records in an output topic; duplicates included
+    claims: int | None = None   # exactly-once claims (kdg_dedup) of this table and topic; None: not a table
     dead_lettered: int = 0      # distinct keys in the dead-letter topic
     lost: int = 0               # acked, neither in the sink nor dead-lettered, and the group's position passed it
     pending: int = 0            # acked, not in the sink yet, at or after the group's position: not read yet
@@ -53,7 +59,15 @@ class AuditReport:
         return self.lost == 0 and self.duplicates == 0 and self.unexpected == 0
 
     def to_dict(self) -> dict:
-        return asdict(self) | {"balanced": self.balanced}
+        """The report as JSON shows it: without what its truth cannot tell (a topic: nothing is unexpected)."""
+        found = asdict(self) | {"balanced": self.balanced}
+        if self.truth == TOPIC:
+            for name in _LEDGER_ONLY:
+                found.pop(name)
+                found["examples"].pop(name, None)
+        else:
+            found.pop("records"), found.pop("keys")
+        return found
 
 
 @dataclass
@@ -167,7 +181,8 @@ _TOTALS = f"""SELECT count(*) FILTER (WHERE ok AND NOT outside) AS acked,
                          AS duplicates_beyond_dedup_window,
                      count(*) FILTER (WHERE {_EXAMPLES["unexpected"]}) AS unexpected,
                      count(*) FILTER (WHERE outside) AS outside_window,
-                     (SELECT count(DISTINCT idempotency_key) FROM kdg_audit_dl) AS dead_lettered
+                     (SELECT count(DISTINCT coalesce(idempotency_key, 'at ' || source)) FROM kdg_audit_dl)
+                         AS dead_lettered
               FROM kdg_audit"""
 
 
@@ -182,14 +197,16 @@ def _load_output_keys(store, conn: Connection, out_topic: str, topic: str) -> No
 
 
 def _load_dead_letters(store, conn: Connection, topic: str) -> None:
-    """Stream the dead-letter topic into temp table ``kdg_audit_dead``: each record's key, grouped reason and
-    the group that dead-lettered it (``kdg-group``; NULL in dead letters written before it was stamped)."""
-    store.execute("CREATE TEMP TABLE kdg_audit_dead (idempotency_key text, reason text NOT NULL, consumer_group text)")
+    """Stream the dead-letter topic into temp table ``kdg_audit_dead``: each record's key, grouped reason, the
+    group that dead-lettered it (``kdg-group``; NULL in dead letters written before it was stamped) and where
+    it was read (``kdg-source``: TOPIC/PARTITION/OFFSET; a record whose key could not be read is known by it)."""
+    store.execute("CREATE TEMP TABLE kdg_audit_dead (idempotency_key text, reason text NOT NULL, consumer_group text, "
+                  "source text)")
     for found in iter_topic_headers(conn.bootstrap_servers, dlq_topic(topic), conn.extra,
-                                    (ID_HEADER, REASON_HEADER, SQLSTATE_HEADER, GROUP_HEADER)):
-        store.copy_rows("kdg_audit_dead", [(key, reason_group(reason, state), group)
-                                           for key, reason, state, group in found],
-                        ("idempotency_key", "reason", "consumer_group"))
+                                    (ID_HEADER, REASON_HEADER, SQLSTATE_HEADER, GROUP_HEADER, SOURCE_HEADER)):
+        store.copy_rows("kdg_audit_dead", [(key, reason_group(reason, state), group, source)
+                                           for key, reason, state, group, source in found],
+                        ("idempotency_key", "reason", "consumer_group", "source"))
 
 
 def reason_group(reason: str | None, sqlstate: str | None) -> str:
@@ -228,71 +245,11 @@ def _conditions() -> dict[str, str]:
 def iter_topic_headers(bootstrap: str, topic: str, extra: dict, names: tuple[str, ...]) -> Iterator[list[tuple]]:
     """Yield, per record of ``topic`` (read_committed, beginning to end), a batch at a time, the
     values of the headers ``names`` as text (the last of a repeated name; None when absent)."""
-    from confluent_kafka import KafkaError, TopicPartition
+    def pick(msg) -> tuple:
+        headers = dict(msg.headers() or [])
+        return tuple(_text(headers.get(name)) for name in names)
 
-    from kdg.kafka.access import check
-    from kdg.kafka.admin import topic_partitions
-    from kdg.kafka.clients import reader
-
-    try:
-        ends = _stable_ends(bootstrap, topic, extra)
-    except UnknownTopic:  # nothing was written to it
-        return
-    consumer = reader(bootstrap, extra, group="kdg-audit")
-    todo = {p for p, (low, high) in ends.items() if high > low}
-    consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in topic_partitions(bootstrap, topic, extra)])
-    idle_since = time.monotonic()
-    try:
-        while todo and time.monotonic() - idle_since < IDLE_LIMIT_S:
-            msgs = consumer.consume(10_000, 1.0)
-            if msgs:
-                idle_since = time.monotonic()
-            found = []
-            for msg in msgs:
-                if msg.error():
-                    if msg.error().code() == KafkaError._PARTITION_EOF:
-                        continue
-                    check(msg.error(), f"reading {topic!r}")
-                    raise ConnectionFailed(f"cannot read {topic!r} to its end: {msg.error().str()}")
-                headers = dict(msg.headers() or [])
-                found.append(tuple(_text(headers.get(name)) for name in names))
-                if msg.offset() + 1 >= ends[msg.partition()][1]:
-                    todo.discard(msg.partition())
-            if found:
-                yield found
-            # a partition whose last offsets are transaction markers never yields its end offset
-            for p in list(todo):
-                pos = consumer.position([TopicPartition(topic, p)])[0].offset
-                if pos >= ends[p][1]:
-                    todo.discard(p)
-        if todo:  # a count built on a partial read would call every unread record lost
-            raise ConnectionFailed(f"could not read {topic!r} to its end within {IDLE_LIMIT_S} s "
-                                   f"(partitions {sorted(todo)} stopped short); nothing was counted")
-    finally:
-        consumer.close()
-
-
-def _stable_ends(bootstrap: str, topic: str, extra: dict) -> dict[int, tuple[int, int]]:
-    """``topic``'s watermarks as read_committed sees them, once no transaction is open in it (waited for up to
-    :data:`OPEN_TXN_WAIT_S`). Committed records after an open transaction cannot be read until it ends (a
-    writer killed mid-transaction holds it open until Kafka times it out): a count made then would call them
-    lost, so it is a :class:`ConnectionFailed` (exit 5) instead."""
-    from kdg.kafka.admin import high_watermarks, watermarks
-
-    deadline = time.monotonic() + OPEN_TXN_WAIT_S
-    while True:
-        ends = watermarks(bootstrap, topic, extra)
-        highs = high_watermarks(bootstrap, topic, extra)
-        held = {p: stable for p, (_, stable) in ends.items() if stable < highs.get(p, stable)}
-        if not held:
-            return ends
-        if time.monotonic() >= deadline:
-            shown = ", ".join(f"{p} from offset {offset}" for p, offset in sorted(held.items()))
-            raise ConnectionFailed(
-                f"{topic!r} has a transaction open (partition {shown}) after {OPEN_TXN_WAIT_S:g} s: its writer is "
-                "still writing, or died mid-transaction and Kafka aborts it after its transaction.timeout.ms. "
-                "Records committed after it cannot be read yet, so nothing was counted; audit again once it ends")
-        time.sleep(0.5)
+    return iter_topic(bootstrap, topic, extra, pick)
 
 
 def _text(value: bytes | None) -> str | None:
@@ -300,9 +257,10 @@ def _text(value: bytes | None) -> str | None:
 
 
 def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: str = "kdg_events",
-              group: str | None = None, since: datetime | None = None, until: datetime | None = None) -> AuditReport:
+              group: str | None = None, since: datetime | None = None, until: datetime | None = None,
+              id_from: str | None = None) -> AuditReport:
     """One report: of ``group``, or of the one group that consumed ``topic``; several groups are a usage error."""
-    audits = run_audits(topic, conn, sink=sink, table=table, group=group, since=since, until=until)
+    audits = run_audits(topic, conn, sink=sink, table=table, group=group, since=since, until=until, id_from=id_from)
     if len(audits.reports) > 1:
         raise UsageError(f"{len(audits.reports)} groups wrote {topic!r} into the sink "
                          f"({', '.join(r.group for r in audits.reports)}): pass the group to audit one")
@@ -310,9 +268,13 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
 
 
 def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: str = "kdg_events",
-               group: str | None = None, since: datetime | None = None, until: datetime | None = None) -> GroupAudits:
+               group: str | None = None, since: datetime | None = None, until: datetime | None = None,
+               id_from: str | None = None) -> GroupAudits:
     """Audit ``topic`` against the sink: one report, or one per group when several wrote into a kdg-shaped sink.
 
+    The truth is kdg's producer ledger when it holds records of ``topic``; else the topic itself, each
+    record keyed as ``--id-from`` (``id_from``) keyed it for the consumer (:mod:`kdg.audit_topic`). A
+    topic neither in Kafka nor in the ledger is a :class:`~kdg.errors.UnknownTopic` (exit 2).
     A record missing from the sink is lost only if its group's position passed it, else pending
     (:mod:`kdg.audit_groups` tells whose positions count; it refuses when it cannot tell).
     """
@@ -325,11 +287,15 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
     vet_unguarded(conn.bootstrap_servers, conn.extra)  # a property the audit's readers refuse, refused up front
     base = AuditReport(topic=topic, sink=sink, group=group, since=since and since.isoformat(),
                        until=until and until.isoformat())
-    claims_horizon = None
+    claims_horizon, identity = None, None
     with Store(conn.pg_dsn) as store:
         ledger_horizon = store.ledger_window().horizon_ms
         if ledger_horizon is not None:
             base.ledger_horizon = datetime.fromtimestamp(ledger_horizon / 1000, timezone.utc).isoformat()
+        if not has_ledger(store, topic):
+            require_topic(conn.bootstrap_servers, topic, conn.extra)
+            base.truth = TOPIC
+            base.records, base.keys = load_topic(store, conn.bootstrap_servers, topic, conn.extra, id_from)
         _load_dead_letters(store, conn, topic)
         if kind == "kafka":
             _load_output_keys(store, conn, out_topic, topic)
@@ -342,16 +308,44 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
             got, sink_arg, kdg_shaped = _sink_keys(store, identity, topic, base)
             rows_table, shown = identity.sql if kdg_shaped else None, identity.text
             claims_horizon = _claims_horizon(store, identity)
+        if base.truth == TOPIC:
+            base.note = TOPIC_NOTE + (f"; {base.note}" if base.note else "")
+            join = TOPIC_JOIN.replace("{tombs}", "false" if rows_table is not None or kind == "kafka" else "true")
+        else:
+            join = _JOIN
         reports = []
-        for standing in standings(store, conn, topic, group, rows_table=rows_table, sink=shown):
+        for standing in standings(store, conn, topic, group, rows_table=rows_table, sink=shown,
+                                  from_topic=base.truth == TOPIC):
             report = replace(base, group=standing.rows_of, positions_of=standing.positions_of)
             known = load_positions(store, standing.next_offsets)
             elsewhere = _ELSEWHERE.format(table=rows_table) if rows_table is not None else _NOWHERE
-            _count(store, report, standing.group, _JOIN.format(got=got, elsewhere=elsewhere), topic, known, since,
+            _count(store, report, standing.group, join.format(got=got, elsewhere=elsewhere), topic, known, since,
                    until, ledger_horizon, claims_horizon, standing.rows_of if rows_table is not None else sink_arg,
                    "kdg_dedup claims" in report.basis)
+            if identity is not None:
+                _count_table(store, report, identity, topic, rows_table is not None)
+            if report.truth == TOPIC and report.processed_unique == 0 and report.rows:
+                report.note = (f"none of the sink's keys is a key of the topic's records as --id-from "
+                               f"{id_from or '(none)'} makes them: was the consume's --id-from another? {report.note}")
             reports.append(report)
     return GroupAudits(reports)
+
+
+def _count_table(store, report: AuditReport, table, topic: str, kdg_shaped: bool) -> None:
+    """``rows``: the table's own rows, whatever the keys were counted from (of this topic where the table
+    tells: a ``topic`` column, else the claims of its ``idempotency_key``s; a kdg-shaped table's of the report's
+    group too, if it has one); ``claims``: its exactly-once claims from this topic."""
+    if kdg_shaped:
+        report.rows = store.fetchval(f"SELECT count(*) FROM {table.sql} WHERE topic = $1 "
+                                     "AND ($2::text IS NULL OR consumer_group = $2)", topic, report.group)
+    else:
+        columns = _columns(store, table)
+        where = ("topic = $1" if "topic" in columns else
+                 _OTHER_TOPICS.format(table=table.sql) if "idempotency_key" in columns else "true")
+        report.rows = store.fetchval(f"SELECT count(*) FROM {table.sql} WHERE $1::text IS NOT NULL AND "
+                                     f"$7::text IS NOT NULL AND {where}".replace("$7", "$2"), topic, table.text)
+    report.claims = store.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = $1 AND topic = $2",
+                                   table.text, topic)
 
 
 def _count(store, report: AuditReport, group: str | None, join: str, *args) -> None:
@@ -360,7 +354,7 @@ def _count(store, report: AuditReport, group: str | None, join: str, *args) -> N
     A record another group dead-lettered is not accounted for by it: the dead letters that count are
     ``group``'s (the one group whose positions count; None: every group's) and those that name no group."""
     store.execute("DROP TABLE IF EXISTS kdg_audit_dl")
-    store.execute("CREATE TEMP TABLE kdg_audit_dl AS SELECT idempotency_key, reason FROM kdg_audit_dead "
+    store.execute("CREATE TEMP TABLE kdg_audit_dl AS SELECT idempotency_key, reason, source FROM kdg_audit_dead "
                   "WHERE $1::text IS NULL OR consumer_group IS NULL OR consumer_group = $1", group)
     store.execute("DROP TABLE IF EXISTS kdg_audit")
     store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int, "
@@ -382,6 +376,13 @@ def _claims_horizon(store, table) -> int | None:
     return store.fetchval("SELECT horizon_ms FROM kdg_windows WHERE sink_table = $1", table.text)
 
 
+def _columns(store, table) -> set[str]:
+    """The column names of ``table`` (none when it does not exist)."""
+    return {r["attname"] for r in store.fetch(
+        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
+        table.sql)}
+
+
 def _sink_keys(store, table, topic: str, report: AuditReport) -> tuple[str, str | None, bool]:
     """How to count the sink's keys: (SQL, its argument $7, whether the table is shaped like kdg_events).
 
@@ -392,9 +393,7 @@ def _sink_keys(store, table, topic: str, report: AuditReport) -> tuple[str, str 
     window) for the keys the column lacks; from either alone when it has only one; with neither, it
     cannot be audited.
     """
-    columns = {r["attname"] for r in store.fetch(
-        "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 AND NOT attisdropped",
-        table.sql)}
+    columns = _columns(store, table)
     if not columns or _KDG_SHAPE <= columns:  # kdg's shape (or no table: Postgres says so)
         return _GOT_PG.format(table=table.sql), None, True
     claims = store.fetchval("SELECT EXISTS (SELECT 1 FROM kdg_dedup WHERE sink_table = $1 AND topic = $2)",

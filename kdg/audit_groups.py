@@ -6,8 +6,9 @@ With ``-G`` that group's. Without it, the groups that consumed the topic decide:
   ``kdg-group`` header): each group that wrote into it is audited on its own (its rows, its positions);
 - any other sink (a user's table, an output topic written before kdg-group), or one nobody wrote into
   yet, cannot be split: the groups with positions on the topic (``kdg_offsets``, or offsets committed to Kafka)
-  are used if there is one, or if all of them stand at the same place in the ledger; else the user is
-  asked for one (a usage error listing them). No group at all: every missing record counts as lost.
+  are used if there is one, or if all of them stand at the same place in the ledger (the topic, without
+  one); else the user is asked for one (a usage error listing them). No group at all: every missing record
+  counts as lost.
 """
 
 import time
@@ -29,6 +30,10 @@ _PASSED = """SELECT pos.p, count(*) AS n FROM unnest($2::int[], $3::bigint[]) AS
              JOIN kdg_ledger_keys l ON l.topic = $1 AND l."partition" = pos.p AND l.status <> 'failed'
                               AND (l."offset" IS NULL OR l."offset" < pos.o)
              GROUP BY pos.p"""
+# ... and with the topic as the truth (kdg.audit_topic), how many of its records they have passed
+_PASSED_IN_TOPIC = """SELECT pos.p, count(*) AS n FROM unnest($2::int[], $3::bigint[]) AS pos(p, o)
+                      JOIN kdg_audit_src s ON s.p = pos.p AND s.o < pos.o AND $1::text IS NOT NULL
+                      GROUP BY pos.p"""
 
 
 @dataclass(frozen=True)
@@ -47,11 +52,12 @@ class Standing:
 
 
 def standings(store, conn: Connection, topic: str, group: str | None, *, rows_table: str | None,
-              sink: str) -> list[Standing]:
+              sink: str, from_topic: bool = False) -> list[Standing]:
     """One :class:`Standing` per audit to make: several only when several groups wrote into a kdg-shaped sink.
 
     ``rows_table``: the sink table's SQL name when it has a ``consumer_group`` column (else None);
-    ``sink``: how to name the sink to the user (``kafka:OUT``, or the table).
+    ``sink``: how to name the sink to the user (``kafka:OUT``, or the table); ``from_topic``: the truth is
+    the topic read into ``kdg_audit_src`` (groups agree when they passed the same records of it), not the ledger.
     """
     if group is not None:
         return [Standing(group, group, positions(store, conn, topic, group))]
@@ -63,7 +69,7 @@ def standings(store, conn: Connection, topic: str, group: str | None, *, rows_ta
     found = {g: positions(store, conn, topic, g) for g in sorted(_positioned(store, conn, topic))}
     if not found:
         return [Standing(None, None, None)]
-    if len({_passed(store, topic, offsets) for offsets in found.values()}) > 1:
+    if len({_passed(store, topic, offsets, from_topic) for offsets in found.values()}) > 1:
         why = (f"no record of {sink} names the group that wrote it (a kdg-group header)"
                if sink.startswith("kafka:") else f"none of them wrote into {sink}" if rows_table is not None else
                f"{sink} has no consumer_group column to tell their rows apart")
@@ -85,9 +91,10 @@ def _positioned(store, conn: Connection, topic: str) -> set[str]:
     return (stored | _kafka_groups(conn, topic)) - INTERNAL_GROUPS
 
 
-def _passed(store, topic: str, next_offsets: dict[int, int]) -> frozenset:
+def _passed(store, topic: str, next_offsets: dict[int, int], from_topic: bool) -> frozenset:
     parts = sorted(next_offsets)
-    return frozenset((r["p"], r["n"]) for r in store.fetch(_PASSED, topic, parts, [next_offsets[p] for p in parts]))
+    return frozenset((r["p"], r["n"]) for r in store.fetch(_PASSED_IN_TOPIC if from_topic else _PASSED, topic,
+                                                           parts, [next_offsets[p] for p in parts]))
 
 
 def positions(store, conn: Connection, topic: str, group: str) -> dict[int, int]:

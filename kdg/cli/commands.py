@@ -511,7 +511,8 @@ def _moment(text: str | None, option: str):
 
 @app.command()
 def audit(
-    topic: Annotated[str, typer.Argument(help="The topic the producer ledger recorded.")],
+    topic: Annotated[str, typer.Argument(help="The topic the consumer read (recorded by kdg's producer ledger, "
+                     "or not).")],
     group: Annotated[Optional[str], typer.Option("--group", "-G", help="Only rows this group wrote; its stored "
                      "positions tell lost from pending. Default: each group that wrote into the sink, audited "
                      "apart; a sink not split by group (kafka:, a typed table) needs -G when several groups "
@@ -521,16 +522,22 @@ def audit(
     since: Annotated[Optional[str], typer.Option(help="Only records the producer recorded from this time on: ISO "
                      "8601 (UTC unless it says) or Unix milliseconds.")] = None,
     until: Annotated[Optional[str], typer.Option(help="... and before this time.")] = None,
+    id_from: Annotated[Optional[str], typer.Option(help="A topic kdg's ledger has no record of is its own truth: "
+                       "key its records as the consume did (header:NAME, json:FIELD, json:/POINTER or offset; "
+                       "a kdg-id header wins, as it did).")] = None,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
-    """Count lost, duplicated, unexpected and pending records: the producer ledger against the sink.
+    """Count lost, duplicated, unexpected and pending records: the producer ledger (or the topic) against the sink.
 
+    With no ledger of the topic (kdg did not produce it), the topic itself is the truth: every record
+    the group read past must be in the sink or dead-lettered; nothing is counted unexpected.
     Records left out (outside --since/--until, or whose ledger row or claim expired with its
     retention window) are counted apart as outside_window: never lost, never unexpected.
 
     Exit 0 when balanced (pending records are not yet read, not lost), 7 when anything was lost,
-    duplicated or unexpected (in any group's audit), 5 when Kafka or Postgres could not be read.
+    duplicated or unexpected (in any group's audit), 2 for a topic neither in Kafka nor in the ledger,
+    5 when Kafka or Postgres could not be read.
     """
     from kdg.audit import run_audits
     from kdg.settings import table_name
@@ -540,18 +547,19 @@ def audit(
     if since_at and until_at and since_at >= until_at:
         raise UsageError(f"--since {since} is not before --until {until}")
     audits = run_audits(topic, _conn(bootstrap, pg_dsn, props, profile), sink=sink, table=table, group=group,
-                        since=since_at, until=until_at)
+                        since=since_at, until=until_at, id_from=id_from)
     several = len(audits.reports) > 1
     if as_json:
         print_json(audits if several else audits.reports[0])  # {"groups": [...], "balanced"} only for several
     else:
         for report in audits.reports:
-            _show_audit(report, f"audit {topic} → {sink}" + (f", group {report.group}" if several else ""))
+            _show_audit(report, f"audit {topic} → {sink}" + (f", group {report.group}" if several else "")
+                        + f" (truth: the {report.truth})")
     unbalanced = [r for r in audits.reports if not r.balanced]
     if unbalanced:
         raise CheckFailed("unbalanced: " + "; ".join(
-            (f"group {r.group}: " if several else "") + f"lost {r.lost}, duplicates {r.duplicates}, "
-            f"unexpected {r.unexpected}" for r in unbalanced))
+            (f"group {r.group}: " if several else "") + f"lost {r.lost}, duplicates {r.duplicates}"
+            + (f", unexpected {r.unexpected}" if r.truth == "ledger" else "") for r in unbalanced))
 
 
 def _show_audit(report, title: str) -> None:

@@ -1,0 +1,178 @@
+"""The audit's reading of topics, and its truth when kdg's ledger knows nothing of a topic: the topic itself.
+
+A topic kdg did not produce has no ledger rows, so what should be in the sink is read from the topic:
+every record (read_committed, beginning to end) keyed as `kdg consume` keyed it (:class:`kdg.keys.KeyResolver`
+with the same ``--id-from``). A key is lost when its group read past one of its records and the sink has
+no row of it, and none of its records was accounted for otherwise (dead-lettered, or, in a typed table,
+a tombstone that deleted it or was left out). The unit is the key, not the record: the versions of one key
+that an upsert folded into one row are one key. Keys in the sink that the topic no longer holds (its
+retention dropped them) cannot be told from strangers, so "unexpected" is not counted from a topic.
+"""
+
+import time
+from collections.abc import Callable, Iterator
+
+from kdg.errors import ConnectionFailed, UnknownTopic
+from kdg.keys import KeyResolver
+from kdg.records import Record
+
+IDLE_LIMIT_S = 15  # an open transaction can hold read_committed readers back; do not wait forever
+OPEN_TXN_WAIT_S = 10.0  # how long an open transaction in a topic the audit reads is waited for
+SOURCE_HEADER = "kdg-source"  # a dead letter's TOPIC/PARTITION/OFFSET (kdg.sinks.dead_letters)
+
+# Which truth an audit used: the producer ledger kdg wrote, or the topic read back.
+LEDGER, TOPIC = "ledger", "topic"
+
+# Each record read: its key (``keyed`` false: unreadable, named by where it was read), where it was read,
+# its time and whether it is a tombstone.
+_SOURCE_TABLE = ("CREATE TEMP TABLE kdg_audit_src (k text NOT NULL, p int NOT NULL, o bigint NOT NULL, ts bigint, "
+                 "keyed boolean NOT NULL, tomb boolean NOT NULL)")
+_SOURCE_COLUMNS = ("k", "p", "o", "ts", "keyed", "tomb")
+
+# :data:`kdg.audit._JOIN`'s counterpart with the topic as the truth, into the same ``kdg_audit`` rows, so
+# one set of definitions counts both. Per key: ``passed`` when the group's position is past one of its
+# records; ``dlq`` when one of its records was dead-lettered, by key or by where it was read (a record whose
+# key could not be read has none), or ({tombs}) in a typed table, a tombstone deleted or left it out;
+# ``outside`` as in the ledger's join, with the record's own time for a key's time. Only the topic's keys
+# are joined (a LEFT JOIN): no key is unexpected. $5 is unused here.
+TOPIC_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq, passed, p, outside, beyond, elsewhere)
+WITH dead_at AS (SELECT DISTINCT source FROM kdg_audit_dl WHERE source IS NOT NULL),
+     src AS (SELECT s.k, s.p, s.ts, coalesce(NOT $2 OR s.o < pos.next_offset, false) AS passed,
+                    dead_at.source IS NOT NULL OR (s.tomb AND {tombs}) AS accounted
+             FROM kdg_audit_src s LEFT JOIN kdg_audit_pos pos ON pos."partition" = s.p
+                  LEFT JOIN dead_at ON dead_at.source = $1 || '/' || s.p || '/' || s.o),
+     led AS (SELECT k AS idempotency_key, min(p) AS p, bool_or(passed) AS passed, bool_or(accounted) AS accounted,
+                    bool_or(($3::timestamptz IS NULL OR ts >= extract(epoch FROM $3::timestamptz) * 1000)
+                            AND ($4::timestamptz IS NULL OR ts < extract(epoch FROM $4::timestamptz) * 1000)) AS inside,
+                    max(ts) AS t
+             FROM src GROUP BY k),
+     got AS ({got}),
+     arg AS (SELECT $5::bigint AS ledger_horizon, $7::text AS sink_arg),  -- typed here, used or not
+     dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dl),
+     elsewhere AS ({elsewhere})
+SELECT idempotency_key, true, got.n, led.accounted OR coalesce(dead.present, false), led.passed, led.p,
+       NOT led.inside OR coalesce($8 AND got.n IS NULL AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6, false),
+       coalesce(got.n > 1 AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6, false),
+       elsewhere.idempotency_key IS NOT NULL
+FROM led LEFT JOIN got USING (idempotency_key) LEFT JOIN dead USING (idempotency_key)
+     LEFT JOIN elsewhere USING (idempotency_key)"""
+
+TOPIC_NOTE = ("no ledger of this topic: the topic itself is the truth, each record keyed as --id-from says; a key is "
+              "lost once the group read past it with no row and no dead letter. Keys the topic no longer holds "
+              "(retention) cannot be told from strangers, so nothing is counted unexpected")
+
+
+def has_ledger(store, topic: str) -> bool:
+    """Whether kdg's producer ledger holds any record of ``topic``."""
+    return store.fetchval("SELECT EXISTS (SELECT 1 FROM kdg_ledger WHERE topic = $1)", topic)
+
+
+def require_topic(bootstrap: str, topic: str, extra: dict) -> None:
+    """A topic neither in Kafka nor in the ledger is a usage error (exit 2): nothing could be audited."""
+    from kdg.kafka.admin import topic_partitions
+
+    try:
+        topic_partitions(bootstrap, topic, extra)
+    except UnknownTopic:
+        raise UnknownTopic(f"topic {topic!r} does not exist in Kafka, and kdg's ledger has no record of it: "
+                           "nothing to audit (is it spelled as the consumer read it?)") from None
+
+
+def load_topic(store, bootstrap: str, topic: str, extra: dict, id_from: str | None) -> tuple[int, int]:
+    """Read ``topic`` into temp table ``kdg_audit_src``, each record keyed as `kdg consume --id-from` keyed it;
+    returns (records, distinct keys). A record `kdg doctor` wrote is stepped over, as the consumer does."""
+    resolver = KeyResolver(id_from)
+    store.execute("DROP TABLE IF EXISTS kdg_audit_src")
+    store.execute(_SOURCE_TABLE)
+    records = 0
+    for rows in iter_topic(bootstrap, topic, extra, lambda msg: _keyed(resolver, topic, msg)):
+        rows = [r for r in rows if r is not None]
+        records += len(rows)
+        store.copy_rows("kdg_audit_src", rows, _SOURCE_COLUMNS)
+    return records, store.fetchval("SELECT count(DISTINCT k) FROM kdg_audit_src WHERE keyed")
+
+
+def _keyed(resolver: KeyResolver, topic: str, msg) -> tuple | None:
+    """One record as ``kdg_audit_src`` holds it, keyed as ``kdg.consume._sort`` keys it; None: a probe."""
+    partition, offset = msg.partition(), msg.offset()
+    rec = Record(msg.value(), msg.key(), msg.headers() or [], partition, topic, offset, msg.timestamp()[1])
+    where = f"{topic}/{partition}/{offset}"
+    try:
+        key, keyed = resolver.key(rec), True
+    except ValueError:  # unreadable: the consumer dead-lettered it without a key
+        if rec.is_probe:
+            return None
+        key, keyed = where, False
+    if (key is None or resolver.kind == "offset") and rec.is_probe:
+        return None
+    # no key: at-least-once and at-most-once write it under where it was read (exactly-once stops there)
+    return (key if key is not None else where), partition, offset, rec.timestamp, keyed, rec.value is None
+
+
+def iter_topic(bootstrap: str, topic: str, extra: dict, pick: Callable) -> Iterator[list]:
+    """Yield ``pick(message)`` of each record of ``topic`` (read_committed, beginning to end), a batch at a time.
+    An absent topic yields nothing."""
+    from confluent_kafka import KafkaError, TopicPartition
+
+    from kdg.kafka.access import check
+    from kdg.kafka.admin import topic_partitions
+    from kdg.kafka.clients import reader
+
+    try:
+        ends = _stable_ends(bootstrap, topic, extra)
+    except UnknownTopic:  # nothing was written to it
+        return
+    consumer = reader(bootstrap, extra, group="kdg-audit")
+    todo = {p for p, (low, high) in ends.items() if high > low}
+    consumer.assign([TopicPartition(topic, p, ends[p][0]) for p in topic_partitions(bootstrap, topic, extra)])
+    idle_since = time.monotonic()
+    try:
+        while todo and time.monotonic() - idle_since < IDLE_LIMIT_S:
+            msgs = consumer.consume(10_000, 1.0)
+            if msgs:
+                idle_since = time.monotonic()
+            found = []
+            for msg in msgs:
+                if msg.error():
+                    if msg.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    check(msg.error(), f"reading {topic!r}")
+                    raise ConnectionFailed(f"cannot read {topic!r} to its end: {msg.error().str()}")
+                found.append(pick(msg))
+                if msg.offset() + 1 >= ends[msg.partition()][1]:
+                    todo.discard(msg.partition())
+            if found:
+                yield found
+            # a partition whose last offsets are transaction markers never yields its end offset
+            for p in list(todo):
+                pos = consumer.position([TopicPartition(topic, p)])[0].offset
+                if pos >= ends[p][1]:
+                    todo.discard(p)
+        if todo:  # a count built on a partial read would call every unread record lost
+            raise ConnectionFailed(f"could not read {topic!r} to its end within {IDLE_LIMIT_S} s "
+                                   f"(partitions {sorted(todo)} stopped short); nothing was counted")
+    finally:
+        consumer.close()
+
+
+def _stable_ends(bootstrap: str, topic: str, extra: dict) -> dict[int, tuple[int, int]]:
+    """``topic``'s watermarks as read_committed sees them, once no transaction is open in it (waited for up to
+    :data:`OPEN_TXN_WAIT_S`). Committed records after an open transaction cannot be read until it ends (a
+    writer killed mid-transaction holds it open until Kafka times it out): a count made then would call them
+    lost, so it is a :class:`ConnectionFailed` (exit 5) instead."""
+    from kdg.kafka.admin import high_watermarks, watermarks
+
+    deadline = time.monotonic() + OPEN_TXN_WAIT_S
+    while True:
+        ends = watermarks(bootstrap, topic, extra)
+        highs = high_watermarks(bootstrap, topic, extra)
+        held = {p: stable for p, (_, stable) in ends.items() if stable < highs.get(p, stable)}
+        if not held:
+            return ends
+        if time.monotonic() >= deadline:
+            shown = ", ".join(f"{p} from offset {offset}" for p, offset in sorted(held.items()))
+            raise ConnectionFailed(
+                f"{topic!r} has a transaction open (partition {shown}) after {OPEN_TXN_WAIT_S:g} s: its writer is "
+                "still writing, or died mid-transaction and Kafka aborts it after its transaction.timeout.ms. "
+                "Records committed after it cannot be read yet, so nothing was counted; audit again once it ends")
+        time.sleep(0.5)

@@ -1,0 +1,74 @@
+"""`kdg audit` on a topic kdg did not produce: without a ledger the topic itself is the truth.
+
+Records are made with a plain client (no kdg-id header, no ledger row), consumed with ``--id-from json:id``
+as a user's topic would be, and audited against the sink.
+"""
+
+import json
+import uuid
+
+from confluent_kafka import Producer
+from conftest import audited
+
+from kdg.store.pg import Store
+
+N = 300
+
+
+def send(conn, topic: str, values: list[bytes]) -> None:
+    """``values`` to ``topic`` with a plain client, spread over its partitions by a record key."""
+    producer = Producer({"bootstrap.servers": conn.bootstrap_servers, "enable.idempotence": True})
+    for i, value in enumerate(values):
+        producer.produce(topic, value=value, key=str(i).encode())
+    assert producer.flush(30) == 0
+
+
+def test_without_a_ledger_every_record_the_group_passed_is_in_the_table(kdg, conn, topic, group):
+    values = [json.dumps({"id": i, "v": f"v{i}"}).encode() for i in range(N)]
+    send(conn, topic, values + [b"{not json"])  # bad JSON: dead-lettered, known by where it was read
+    consume = ("consume", topic, "-G", group, "-g", "at-least-once", "--id-from", "json:id", "--json")
+    kdg(*consume, "-c", 120, "--batch-size", 40)
+    partial = audited(kdg, topic, "-G", group, "--id-from", "json:id")
+    assert partial["truth"] == "topic" and partial["lost"] == 0 and partial["pending"] > 0, partial
+    kdg(*consume, "-e")
+
+    report = audited(kdg, topic, "-G", group, "--id-from", "json:id")
+    assert report["balanced"] and "unexpected" not in report, report
+    assert {k: report[k] for k in ("truth", "records", "keys", "rows", "lost", "pending", "duplicates",
+                                   "dead_lettered")} == {
+        "truth": "topic", "records": N + 1, "keys": N, "rows": N, "lost": 0, "pending": 0, "duplicates": 0,
+        "dead_lettered": 1}, report
+    assert "topic" in kdg("audit", topic, "-G", group, "--id-from", "json:id").stdout
+
+    with Store(conn.pg_dsn) as store:  # three rows gone, one written twice
+        store.execute("DELETE FROM kdg_events WHERE topic = $1 AND idempotency_key IN ('7', '70', '170')", topic)
+        store.execute("INSERT INTO kdg_events (idempotency_key, consumer_group, topic, \"partition\", \"offset\") "
+                      "SELECT idempotency_key, consumer_group, topic, \"partition\", \"offset\" FROM kdg_events "
+                      "WHERE topic = $1 AND idempotency_key = '42'", topic)
+    broken = audited(kdg, topic, "-G", group, "--id-from", "json:id")
+    assert (broken["lost"], broken["duplicates"], broken["rows"]) == (3, 1, N - 2), broken
+    assert broken["examples"]["lost"] == ["170", "7", "70"] and broken["examples"]["duplicated"] == ["42"], broken
+
+
+def test_a_typed_upsert_table_counts_its_rows_and_its_claims_apart(kdg, conn, topic, group):
+    """Exactly-once into an upsert table: two versions of each id are one row, and neither is lost."""
+    table = f"app.orders_{uuid.uuid4().hex[:8]}"
+    with Store(conn.pg_dsn) as store:
+        store.execute("CREATE SCHEMA IF NOT EXISTS app")
+        store.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, v text)")
+    ids = N // 2
+    send(conn, topic, [json.dumps({"id": i % ids, "v": f"v{i}", "eid": f"e{i}"}).encode() for i in range(N)])
+    kdg("consume", topic, "-G", group, "-g", "exactly-once", "--table", table, "--mode", "upsert",
+        "--column", "id bigint = json:id", "--column", "v text = json:v", "--id-from", "json:eid", "-e", "--json")
+
+    report = audited(kdg, topic, "-G", group, "--table", table, "--id-from", "json:eid")
+    assert "unexpected" not in report, report
+    assert {k: report[k] for k in ("truth", "records", "keys", "rows", "claims", "lost", "duplicates")} == {
+        "truth": "topic", "records": N, "keys": N, "rows": ids, "claims": N, "lost": 0, "duplicates": 0}, report
+
+
+def test_an_unknown_topic_is_a_usage_error(kdg):
+    proc = kdg("audit", f"nosuch.{uuid.uuid4().hex[:8]}", "--json", check=False)
+    assert proc.returncode == 2 and proc.stdout == "", proc
+    assert [line for line in proc.stderr.splitlines() if line.strip()] == [proc.stderr.strip()], proc.stderr
+    assert proc.stderr.startswith("error:") and "nosuch" in proc.stderr, proc.stderr
