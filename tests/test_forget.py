@@ -111,3 +111,14 @@ def test_forget_without_yes_and_without_a_terminal_refuses(kdg, conn, topic, gro
     with Store(conn.pg_dsn) as store:  # nothing was removed
         relation = store.fetchval("SELECT relation FROM kdg_windows WHERE sink_table = $1", table)
         assert store.fetchval(f"SELECT count(*) FROM {relation}") == RECORDS
+
+
+def test_spark_replay_meets_the_same_check_before_spark_starts(kdg, conn, topic, group, table, tmp_path):
+    produce(kdg, topic, tmp_path)
+    kdg("consume", topic, "-G", group, "-g", "exactly-once", "-e", "--table", table)  # the generic sink
+    drop(conn, table, made_again="LIKE kdg_events INCLUDING ALL")
+    stopped = kdg("spark-replay", topic, "-G", f"{group}-2", "-g", "exactly-once", "--table", table, "--from",
+                  "earliest", "--to", "latest", check=False)
+    assert stopped.returncode == 2
+    assert f"kdg db forget --table {table}" in error_line(stopped)
+    assert rows(conn, table) == 0
