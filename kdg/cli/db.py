@@ -98,8 +98,8 @@ def maintain(
 def forget(
     table: Annotated[str, typer.Option(help="The sink table whose exactly-once claims are deleted (it may be "
                                        "dropped already).", show_default=False)],
-    group: Annotated[Optional[str], typer.Option("--group", "-G", help="Also delete this group's stored positions (kdg_offsets) in "
-                     "the claims' topics: it reads them from the beginning next time.")] = None,
+    group: Annotated[Optional[str], typer.Option("--group", "-G", help="Also delete this group's stored positions "
+                     "(kdg_offsets) in the claims' topics: it reads them from the beginning next time.")] = None,
     topic: Annotated[Optional[list[str]], typer.Option(help="With --group: the topics whose positions are deleted "
                      "(repeatable; default: the topics the claims came from).")] = None,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="Do not ask for confirmation (needed without a "
@@ -113,7 +113,7 @@ def forget(
     from kdg.store.forget import forget_claims
 
     if topic and group is None:
-        raise UsageError("--topic names whose positions --group's are deleted: give --group too")
+        raise UsageError("--topic says which topics' positions --group deletes: give --group too")
     if not yes and not sys.stdin.isatty():
         raise UsageError("kdg db forget deletes claims for good: pass --yes to do it without a terminal to ask on")
     report = forget_claims(_dsn(pg_dsn), table, group=group, topics=topic or None,
