@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from kdg.audit_groups import load_positions, standings
 from kdg.audit_topic import LEDGER, SOURCE_HEADER, TOPIC, TOPIC_JOIN, TOPIC_NOTE, has_ledger, iter_topic, \
-    load_topic, require_topic
+    key_resolver, load_topic, require_topic
 from kdg.errors import UsageError
 from kdg.records import GROUP_HEADER, ID_HEADER
 from kdg.settings import Connection, table_name
@@ -258,9 +258,11 @@ def _text(value: bytes | None) -> str | None:
 
 def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: str = "kdg_events",
               group: str | None = None, since: datetime | None = None, until: datetime | None = None,
-              id_from: str | None = None) -> AuditReport:
+              id_from: str | None = None, envelope: str | None = None,
+              value_format: str | None = None) -> AuditReport:
     """One report: of ``group``, or of the one group that consumed ``topic``; several groups are a usage error."""
-    audits = run_audits(topic, conn, sink=sink, table=table, group=group, since=since, until=until, id_from=id_from)
+    audits = run_audits(topic, conn, sink=sink, table=table, group=group, since=since, until=until, id_from=id_from,
+                        envelope=envelope, value_format=value_format)
     if len(audits.reports) > 1:
         raise UsageError(f"{len(audits.reports)} groups wrote {topic!r} into the sink "
                          f"({', '.join(r.group for r in audits.reports)}): pass the group to audit one")
@@ -269,11 +271,13 @@ def run_audit(topic: str, conn: Connection, *, sink: str = "postgres", table: st
 
 def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: str = "kdg_events",
                group: str | None = None, since: datetime | None = None, until: datetime | None = None,
-               id_from: str | None = None) -> GroupAudits:
+               id_from: str | None = None, envelope: str | None = None,
+               value_format: str | None = None) -> GroupAudits:
     """Audit ``topic`` against the sink: one report, or one per group when several wrote into a kdg-shaped sink.
 
     The truth is kdg's producer ledger when it holds records of ``topic``; else the topic itself, each
-    record keyed as ``--id-from`` (``id_from``) keyed it for the consumer (:mod:`kdg.audit_topic`). A
+    record keyed as ``--id-from`` (``id_from``, read under ``envelope`` from values in ``value_format``)
+    keyed it for the consumer (:mod:`kdg.audit_topic`). A
     topic neither in Kafka nor in the ledger is a :class:`~kdg.errors.UnknownTopic` (exit 2).
     A record missing from the sink is lost only if its group's position passed it, else pending
     (:mod:`kdg.audit_groups` tells whose positions count; it refuses when it cannot tell).
@@ -285,6 +289,7 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
     kind, out_topic = parse_sink(sink)
     spelled = table_name(table)  # a malformed name is refused before anything is read
     vet_unguarded(conn.bootstrap_servers, conn.extra)  # a property the audit's readers refuse, refused up front
+    resolver = key_resolver(id_from, envelope, value_format, conn.registry)  # a bad --id-from too
     base = AuditReport(topic=topic, sink=sink, group=group, since=since and since.isoformat(),
                        until=until and until.isoformat())
     claims_horizon, identity = None, None
@@ -295,7 +300,7 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
         if not has_ledger(store, topic):
             require_topic(conn.bootstrap_servers, topic, conn.extra)
             base.truth = TOPIC
-            base.records, base.keys = load_topic(store, conn.bootstrap_servers, topic, conn.extra, id_from)
+            base.records, base.keys = load_topic(store, conn.bootstrap_servers, topic, conn.extra, resolver)
         _load_dead_letters(store, conn, topic)
         if kind == "kafka":
             _load_output_keys(store, conn, out_topic, topic)

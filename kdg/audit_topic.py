@@ -12,7 +12,7 @@ retention dropped them) cannot be told from strangers, so "unexpected" is not co
 import time
 from collections.abc import Callable, Iterator
 
-from kdg.errors import ConnectionFailed, UnknownTopic
+from kdg.errors import ConnectionFailed, UnknownTopic, UsageError
 from kdg.keys import KeyResolver
 from kdg.records import Record
 
@@ -78,22 +78,41 @@ def require_topic(bootstrap: str, topic: str, extra: dict) -> None:
                            "nothing to audit (is it spelled as the consumer read it?)") from None
 
 
-def load_topic(store, bootstrap: str, topic: str, extra: dict, id_from: str | None) -> tuple[int, int]:
-    """Read ``topic`` into temp table ``kdg_audit_src``, each record keyed as `kdg consume --id-from` keyed it;
-    returns (records, distinct keys). A record `kdg doctor` wrote is stepped over, as the consumer does."""
-    resolver = KeyResolver(id_from)
+def key_resolver(id_from: str | None, envelope: str | None, value_format: str | None,
+                 registry: dict[str, str] | None) -> KeyResolver:
+    """The consume's :class:`KeyResolver`, from the options it was given (checked before anything is read)."""
+    from kdg.mapping.spec import ENVELOPES
+    from kdg.schemas import check_format
+    from kdg.schemas.codecs import optional_decoder
+
+    if envelope not in (None, *ENVELOPES):
+        raise UsageError(f"--envelope {envelope!r}: use {' or '.join(ENVELOPES)}")
+    value_format = check_format(value_format or "json")
+    return KeyResolver(id_from, optional_decoder(value_format, registry) if id_from else None,
+                       envelope=envelope or "none")
+
+
+def load_topic(store, bootstrap: str, topic: str, extra: dict, resolver: KeyResolver) -> tuple[int, int]:
+    """Read ``topic`` into temp table ``kdg_audit_src``, each record keyed by ``resolver`` as `kdg consume` keyed
+    it; returns (records, distinct keys). A record `kdg doctor` wrote is stepped over, as the consumer does."""
     store.execute("DROP TABLE IF EXISTS kdg_audit_src")
     store.execute(_SOURCE_TABLE)
     records = 0
-    for rows in iter_topic(bootstrap, topic, extra, lambda msg: _keyed(resolver, topic, msg)):
+    deletes = None  # under an envelope, a change event's delete is one as well as a tombstone
+    if resolver.envelope != "none":
+        from kdg.mapping.events import RecordReader
+
+        deletes = RecordReader((), (), envelope=resolver.envelope, decode_value=resolver.decode)
+    for rows in iter_topic(bootstrap, topic, extra, lambda msg: _keyed(resolver, deletes, topic, msg)):
         rows = [r for r in rows if r is not None]
         records += len(rows)
         store.copy_rows("kdg_audit_src", rows, _SOURCE_COLUMNS)
     return records, store.fetchval("SELECT count(DISTINCT k) FROM kdg_audit_src WHERE keyed")
 
 
-def _keyed(resolver: KeyResolver, topic: str, msg) -> tuple | None:
-    """One record as ``kdg_audit_src`` holds it, keyed as ``kdg.consume._sort`` keys it; None: a probe."""
+def _keyed(resolver: KeyResolver, deletes, topic: str, msg) -> tuple | None:
+    """One record as ``kdg_audit_src`` holds it, keyed as ``kdg.consume._sort`` keys it; None: a probe.
+    ``deletes``: what reads a change event, to tell its deletes (None: only tombstones delete)."""
     partition, offset = msg.partition(), msg.offset()
     rec = Record(msg.value(), msg.key(), msg.headers() or [], partition, topic, offset, msg.timestamp()[1])
     where = f"{topic}/{partition}/{offset}"
@@ -106,7 +125,16 @@ def _keyed(resolver: KeyResolver, topic: str, msg) -> tuple | None:
     if (key is None or resolver.kind == "offset") and rec.is_probe:
         return None
     # no key: at-least-once and at-most-once write it under where it was read (exactly-once stops there)
-    return (key if key is not None else where), partition, offset, rec.timestamp, keyed, rec.value is None
+    return (key if key is not None else where), partition, offset, rec.timestamp, keyed, _deletes(deletes, rec)
+
+
+def _deletes(deletes, rec: Record) -> bool:
+    if rec.value is None or deletes is None:
+        return rec.value is None
+    try:
+        return deletes.document(rec).deleted
+    except ValueError:  # not a change event: its dead letter accounts for it
+        return False
 
 
 def iter_topic(bootstrap: str, topic: str, extra: dict, pick: Callable) -> Iterator[list]:

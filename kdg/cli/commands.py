@@ -525,6 +525,7 @@ def audit(
     id_from: Annotated[Optional[str], typer.Option(help="A topic kdg's ledger has no record of is its own truth: "
                        "key its records as the consume did (header:NAME, json:FIELD, json:/POINTER or offset; "
                        "a kdg-id header wins, as it did).")] = None,
+    envelope: Envelope = None, value_format: ValueFormat = None, schema_registry: SchemaRegistry = None,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
@@ -546,8 +547,9 @@ def audit(
     since_at, until_at = _moment(since, "--since"), _moment(until, "--until")
     if since_at and until_at and since_at >= until_at:
         raise UsageError(f"--since {since} is not before --until {until}")
-    audits = run_audits(topic, _conn(bootstrap, pg_dsn, props, profile), sink=sink, table=table, group=group,
-                        since=since_at, until=until_at, id_from=id_from)
+    audits = run_audits(topic, _conn(bootstrap, pg_dsn, props, profile, schema_registry), sink=sink, table=table,
+                        group=group, since=since_at, until=until_at, id_from=id_from, envelope=envelope,
+                        value_format=value_format)
     several = len(audits.reports) > 1
     if as_json:
         print_json(audits if several else audits.reports[0])  # {"groups": [...], "balanced"} only for several
