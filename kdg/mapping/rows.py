@@ -67,13 +67,14 @@ class RowMaker:
             return None
         try:
             doc = self._reader.document(rec)
-            if doc.deleted and not tomb:  # a change event's delete: staged as a tombstone (deleted by key, or claimed)
+            deletes = doc.deleted and not tomb  # a change event's delete (a tombstone after it is for compaction)
+            if deletes:  # staged as a tombstone: deleted by key, or (ignore) claimed and not applied
                 if self._tombstones == "dead-letter":
                     dead.append((rec, DELETE_REASON, key))
                     return None
                 tomb = True
             values = self._reader.texts(rec, key, doc, self._names)
-            if tomb:
+            if deletes:
                 for i, column in self._delete_keys:
                     if values[i] is None:
                         raise ValueError(_keyless(column, doc.row_from_key))
