@@ -519,13 +519,19 @@ def audit(
                      "consumed the topic.")] = None,
     sink: Annotated[str, typer.Option(help="postgres, or kafka:OUT_TOPIC to read the output topic.")] = "postgres",
     table: Annotated[str, typer.Option(help="Postgres sink table, NAME or SCHEMA.NAME.")] = "kdg_events",
-    since: Annotated[Optional[str], typer.Option(help="Only records the producer recorded from this time on: ISO "
-                     "8601 (UTC unless it says) or Unix milliseconds.")] = None,
+    since: Annotated[Optional[str], typer.Option(help="Only records the producer recorded from this time on "
+                     "(from a topic: with a timestamp from it on): ISO 8601 (UTC unless it says) or Unix "
+                     "milliseconds.")] = None,
     until: Annotated[Optional[str], typer.Option(help="... and before this time.")] = None,
     id_from: Annotated[Optional[str], typer.Option(help="A topic kdg's ledger has no record of is its own truth: "
-                       "key its records as the consume did (header:NAME, json:FIELD, json:/POINTER or offset; "
-                       "a kdg-id header wins, as it did).")] = None,
-    envelope: Envelope = None, value_format: ValueFormat = None, schema_registry: SchemaRegistry = None,
+                       "key its records with the consume's --id-from (header:NAME, json:FIELD, json:/POINTER, "
+                       "source:FIELD, envelope:FIELD or offset; a kdg-id header wins, as it did).")] = None,
+    envelope: Annotated[Optional[str], typer.Option(help="With --id-from json: from a topic, the consume's "
+                        "--envelope: none (the default) or debezium (json: reads the change event's row; its "
+                        "deletes account for their keys).")] = None,
+    value_format: Annotated[Optional[str], typer.Option(help="With --id-from json: from a topic, the consume's "
+                            "--value-format (json, avro, protobuf, json-schema).")] = None,
+    schema_registry: SchemaRegistry = None,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
