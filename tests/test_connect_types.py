@@ -296,3 +296,43 @@ def test_a_schema_is_read_and_planned_once_not_per_record():
                                                     ("9", "2024-02-29")]
     reader = maker._reader
     assert len(reader._value_json._known) == 2 and len(reader._plans) == 2
+
+
+# -- Avro: Confluent's AvroConverter keeps Connect's names in connect.name --------------------------------
+
+def avro_type(kind: str, logical: str) -> dict:
+    return {"type": kind, "connect.version": 1, "connect.name": logical}
+
+
+AVRO_ENVELOPE = {"type": "record", "name": "Envelope", "namespace": "shop.public.t", "fields": [
+    {"name": "before", "type": ["null", {"type": "record", "name": "Value", "fields": [
+        {"name": "id", "type": "int"},
+        {"name": "d", "type": ["null", avro_type("int", DBZ + "time.Date")], "default": None},
+        {"name": "mts", "type": ["null", avro_type("long", DBZ + "time.MicroTimestamp")], "default": None},
+        {"name": "doc", "type": ["null", avro_type("string", DBZ + "data.Json")], "default": None}],
+        "connect.name": "shop.public.t.Value"}], "default": None},
+    {"name": "after", "type": ["null", "Value"], "default": None},
+    {"name": "op", "type": "string"}, {"name": "ts_ms", "type": ["null", "long"], "default": None}],
+    "connect.name": "shop.public.t.Envelope"}
+
+
+def test_debezium_types_in_avro_are_read_from_the_writer_schema(kdg, conn, group, table, tmp_path, schema_registry):
+    """The same types through the Schema Registry: the writer schema's connect.name says what each int is."""
+    schema = tmp_path / "envelope.avsc"
+    schema.write_text(json.dumps(AVRO_ENVELOPE))
+    after = {"id": 1, "d": 19723, "mts": 1_760_551_615_254_053, "doc": '{"a": 1}'}
+    src = tmp_path / "events.jsonl"
+    src.write_text(json.dumps({"key": "1", "value": json.dumps({"before": None, "after": after, "op": "c",
+                                                                "ts_ms": 1}), "headers": []}) + "\n")
+    topic, env = f"t-{uuid.uuid4().hex[:10]}", {"KDG_SCHEMA_REGISTRY": schema_registry}
+    sent = as_json(kdg("produce", topic, "--value-format", "avro", "--schema", schema, "--format", "json", "--file",
+                       src, "--json", env=env))
+    assert sent["sent"] == 1, sent
+    create(conn, f"CREATE TABLE {table} (id integer PRIMARY KEY, d date, mts timestamp, doc jsonb)")
+    report = as_json(kdg("consume", topic, "-G", group, "-e", "-o", "beginning", "--json", "--envelope", "debezium",
+                         "--value-format", "avro", "--table", table, *[a for c in ("id", "d", "mts", "doc")
+                                                                        for a in ("--column", f"{c} = json:{c}")],
+                         env=env))
+    assert (report["consumed"], report["dead_lettered"]) == (1, 0), report
+    assert fetch(conn, f"SELECT * FROM {table}") == [
+        {"id": 1, "d": date(2024, 1, 1), "mts": datetime(2025, 10, 15, 18, 6, 55, 254_053), "doc": '{"a": 1}'}]

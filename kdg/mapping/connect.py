@@ -65,6 +65,8 @@ def _stamp(value: int, unit: str) -> str:
 
 
 def _unscaled(value, name: str) -> int:
+    if type(value) is bytes:  # decoded from Avro: the bytes themselves
+        return int.from_bytes(value, "big", signed=True)
     try:
         raw = base64.b64decode(value, validate=True)
     except (binascii.Error, ValueError, TypeError):
@@ -258,6 +260,47 @@ def field_schema(schema, path: tuple[str, ...]):
 def envelope_field(schema, name: str):
     """The schema of a Debezium envelope's ``after``, ``before`` or ``source`` field."""
     return field_schema(schema, (name,))
+
+
+_AVRO_TYPES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64", "boolean": "boolean",
+               "string": "string", "enum": "string", "bytes": "avro-bytes", "fixed": "avro-bytes", "null": "null"}
+
+
+def from_avro(schema) -> dict | None:
+    """An Avro schema (fastavro's parsed form) as the Connect schema it was made from: Confluent's AvroConverter
+    keeps each type's Connect name in ``connect.name`` (and ``connect.parameters``). A type Avro decodes itself
+    (a ``logicalType``: Connect's Decimal, Date, Time, Timestamp) needs nothing more, so has no name here; bytes
+    arrive as bytes, not base64, so they are not Connect's plain ``bytes``."""
+    named = schema.get("__named_schemas", {}) if type(schema) is dict else {}
+    return _connect_of(schema, named, frozenset())
+
+
+def _connect_of(schema, named: dict, seen: frozenset):
+    if type(schema) is list:  # a union: the one branch that is not null, if there is one
+        branches = [b for b in schema if b != "null"]
+        return _connect_of(branches[0], named, seen) if len(branches) == 1 else None
+    if type(schema) is str:
+        if schema in named:
+            return None if schema in seen else _connect_of(named[schema], named, seen | {schema})
+        return {"type": _AVRO_TYPES.get(schema, schema)}
+    if type(schema) is not dict:
+        return None
+    kind = schema.get("type")
+    if type(kind) in (dict, list):
+        return _connect_of(kind, named, seen)
+    if kind == "record":
+        inner = seen | {schema.get("name")}
+        found = {"type": "struct", "fields": [{**(_connect_of(f.get("type"), named, inner) or {}), "field": f.get("name")}
+                                              for f in schema.get("fields") or ()]}
+    elif kind == "array":
+        found = {"type": "array", "items": _connect_of(schema.get("items"), named, seen)}
+    elif kind == "map":
+        found = {"type": "map", "values": _connect_of(schema.get("values"), named, seen)}
+    else:
+        found = {"type": _AVRO_TYPES.get(kind, kind)}
+    if schema.get("connect.name") and "logicalType" not in schema:
+        found.update(name=schema["connect.name"], parameters=schema.get("connect.parameters") or {})
+    return found
 
 
 def is_wrapped(doc) -> bool:

@@ -16,7 +16,7 @@ import functools
 import re
 from typing import NamedTuple
 
-from kdg.mapping.connect import ConnectJson, converter, envelope_field, field_schema, is_wrapped
+from kdg.mapping.connect import ConnectJson, converter, envelope_field, field_schema, from_avro, is_wrapped
 from kdg.mapping.sources import as_text, json_text, parse_json
 
 UPSERTS = frozenset(("c", "u", "r"))  # Debezium's create, update, read (snapshot): the row is `after`
@@ -55,6 +55,7 @@ class RecordReader:
         self._decode_value, self._decode_key = decode_value, decode_key
         self._value_bad, self._key_bad = value_bad, key_bad
         self._plans: dict = {}
+        self._avro: dict = {}  # per schema id: its Connect schema (from_avro)
         self._plain = not self.cdc and self._reads_value and not self._reads_key and decode_value is None
         self._raw = tuple(_raw_reader(s, t) for s, t in zip(self.sources, self.types))
         self._readers = tuple(_reader(s, raw, _text(s, t)) for raw, s, t in zip(self._raw, self.sources, self.types))
@@ -75,13 +76,13 @@ class RecordReader:
                     raise ValueError(f"{self._value_bad}{exc}") from None
                 if vid is None:
                     return Document(False, row, None, None, None)
-                vschema = row["schema"]
+                vschema = _wrapper(row["schema"])
             else:
                 row, vid, vschema = self._value(rec) if self._reads_value and not tomb else (None, None, None)
             key_doc, kid, kschema = self._key(rec) if self._reads_key else (None, None, None)
             if vid is None and kid is None:
                 return Document(False, row, None, key_doc, None)
-            plan = self._plan((vid, None, kid), lambda: {"value": _wrapper(vschema), "key": _wrapper(kschema)})
+            plan = self._plan((vid, None, kid), lambda: {"value": vschema, "key": kschema})
             return Document(False, row, None, key_doc, plan)
         event, vid, vschema = (None, None, None) if tomb else self._value(rec, unwrap=True)
         deleted, field = tomb, "key"
@@ -129,29 +130,35 @@ class RecordReader:
             raise
 
     def _value(self, rec, unwrap: bool = False) -> tuple:
-        """``(document, schema id, schema)`` of the value: unwrapped from Connect's wrapper when ``unwrap``."""
-        try:
-            if self._decode_value is None:
-                doc, sid = self._value_json.read(rec.value)
-            else:
-                doc, sid = self._decode_value(rec.value), None
-        except ValueError as exc:
-            raise ValueError(f"{self._value_bad}{exc}") from None
-        schema = doc["schema"] if sid is not None else None
-        return (doc["payload"] if unwrap and is_wrapped(doc) else doc), sid, schema
+        """``(document, schema id, its schema)`` of the value: Connect's wrapper taken off when ``unwrap``."""
+        return self._read(rec.value, self._decode_value, self._value_json, self._value_bad, unwrap)
 
     def _key(self, rec, unwrap: bool = False) -> tuple:
-        if rec.key is None:
+        return self._read(rec.key, self._decode_key, self._key_json, self._key_bad, unwrap)
+
+    def _read(self, data, decode, connect_json: ConnectJson, bad: str, unwrap: bool) -> tuple:
+        if data is None:
             return None, None, None
         try:
-            if self._decode_key is None:
-                doc, sid = self._key_json.read(rec.key)
+            if decode is None:
+                doc, sid = connect_json.read(data)
             else:
-                doc, sid = self._decode_key(rec.key), None
+                doc, sid = decode(data), None
         except ValueError as exc:
-            raise ValueError(f"{self._key_bad}{exc}") from None
-        schema = doc["schema"] if sid is not None else None
-        return (doc["payload"] if unwrap and is_wrapped(doc) else doc), sid, schema
+            raise ValueError(f"{bad}{exc}") from None
+        if sid is not None:  # JsonConverter's wrapper
+            if unwrap:
+                return doc["payload"], sid, doc["schema"]
+            return doc, sid, _wrapper(doc["schema"])  # read as it is: json:/payload/FIELD
+        writer = getattr(decode, "writer_schema", None)
+        found = writer(data) if writer is not None else None
+        if found is None:
+            return (doc["payload"] if unwrap and is_wrapped(doc) else doc), None, None
+        sid = ("avro", found[0])
+        schema = self._avro.get(sid)
+        if schema is None:
+            schema = self._avro[sid] = from_avro(found[1])
+        return doc, sid, schema
 
     def _plan(self, ident: tuple, roots):
         """The readers for the schemas ``ident`` names, made once (``roots()``: each source kind's schema)."""

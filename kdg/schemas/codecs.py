@@ -139,6 +139,15 @@ class SchemaDecoder:
             compiled = self._compiled[schema_id] = self._compile(schema_id)
         return self._decode(schema_id, compiled, payload)
 
+    def writer_schema(self, data: bytes | None) -> tuple[int, object] | None:
+        """``(schema id, compiled schema)`` of an Avro value already decoded (None for another format, or a value
+        not in the wire format): where :mod:`kdg.mapping.connect` finds the Connect types it names."""
+        if self.fmt != "avro" or not data or len(data) < 5 or data[0] != MAGIC:
+            return None
+        schema_id = int.from_bytes(data[1:5], "big")
+        compiled = self._compiled.get(schema_id)
+        return None if compiled is None else (schema_id, compiled)
+
     def prepare(self, values) -> None:
         """The schema of every id among ``values`` fetched (and compiled) if not yet: called between client calls,
         so that a registry that is away is waited for there, never inside a COPY. An id the registry has not,
