@@ -9,14 +9,15 @@ tombstone have no row in the value: theirs is the record key (Debezium's key is 
 one :class:`RecordReader`, so a key and a column read the same field the same way.
 
 Where the record carries its schema (JsonConverter's), each field's Connect logical type is decoded for its
-column (:mod:`kdg.mapping.connect`), by a plan made once per schema.
+column (:mod:`kdg.mapping.connect`), by a plan made once per schema (:mod:`kdg.mapping.record_schemas`).
 """
 
 import functools
 import re
 from typing import NamedTuple
 
-from kdg.mapping.connect import ConnectJson, converter, envelope_field, field_schema, from_avro, is_wrapped
+from kdg.mapping.connect import converter
+from kdg.mapping.record_schemas import ConnectJson, envelope_field, field_schema, from_avro, is_wrapped
 from kdg.mapping.sources import as_text, json_text, parse_json
 
 UPSERTS = frozenset(("c", "u", "r"))  # Debezium's create, update, read (snapshot): the row is `after`
