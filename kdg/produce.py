@@ -13,6 +13,7 @@ from kdg.errors import ConnectionFailed, DeliveryError, KdgError, ProducerFatal,
 from kdg.guarantees import policy_for
 from kdg.kafka.admin import ensure_topic, topic_config
 from kdg.kafka.producer import DeliveryReports, KdgProducer, refusals_for_good, refused
+from kdg.killed_runs import settle_killed_runs
 from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, attempt_s, wait_until_up
 from kdg.metrics import Metrics
 from kdg.records import ID_HEADER, SEQ_HEADER, Record, id_maker
@@ -90,6 +91,7 @@ class _Outcomes:
         self.rows: list[tuple] = []
         self.runs: dict[int, list] = {}  # per partition, the run of records whose row is not made yet
         self.due = time.monotonic() + LEDGER_FLUSH_S  # when the rows are written, full batch or not
+        self.held = False  # rows are written only when asked (a transaction's, before it commits: write_now)
         self._shown = (0, 0, 0, 0, 0)  # what the metrics were last told: sent, acked, failed, transactions, aborts
 
     def show(self) -> None:
@@ -140,7 +142,7 @@ class _Outcomes:
             self._record_runs(deliveries)  # the common case, per partition and per run (below)
         else:
             self._record_each(deliveries)
-        if len(self.rows) >= LEDGER_BATCH or time.monotonic() >= self.due:
+        if not self.held and (len(self.rows) >= LEDGER_BATCH or time.monotonic() >= self.due):
             self._write()
 
     def _record_runs(self, deliveries: list[tuple]) -> None:
@@ -237,14 +239,37 @@ class _Outcomes:
             self.rows.append((self.run_id, head, self.topic, seq, status, partition, offset, None, n,
                               self.keys.form, self.keys.suffix))
 
-    def _write(self) -> None:
+    def _write(self) -> list[tuple]:
+        """Hand the rows made so far to the ledger; they are returned."""
         self.due = time.monotonic() + LEDGER_FLUSH_S
         for run in self.runs.values():  # a run ends where a write does: each row is whole when written
             self._close(run)
         self.runs.clear()
-        if self.ledger is not None and self.rows:
-            self.ledger.write(self.rows)
+        rows = self.rows
+        if self.ledger is not None and rows:
+            self.ledger.write(rows)
             self.rows = []
+        return rows
+
+    def write_now(self, reports: DeliveryReports) -> tuple[list[tuple], tuple]:
+        """Count ``reports`` and write their ledger rows at once, in one COPY, waiting until it is done: the rows
+        written, and the counts as they were before (:meth:`uncount`, should they not stand)."""
+        r = self.report
+        before = (r.acked, r.unconfirmed, r.failed, dict(r.errors))
+        self._record(reports.take())
+        rows = self._write()
+        if self.ledger is not None:
+            self.ledger.flush()
+        return rows, before
+
+    def uncount(self, rows: list[tuple], before: tuple, reason: str) -> None:
+        """Undo :meth:`write_now`: its ``rows`` are failed with ``reason`` (written after those queued before),
+        and the counts are ``before``'s again."""
+        r = self.report
+        r.acked, r.unconfirmed, r.failed, r.errors = before
+        if self.ledger is not None and rows:
+            run_id, topic = self.run_id, self.topic
+            self.ledger.run(lambda store: store.void_ledger(run_id, topic, rows, reason))
 
     def close(self) -> None:
         """Hand the last rows to the ledger and wait until it has written them all."""
@@ -418,7 +443,9 @@ def _produce(req: ProduceRequest, policy, run_id, report: ProduceReport, metrics
         try:
             if req.ledger_retention is not None:
                 store.set_ledger_retention(req.ledger_retention)
-            store.start_run(run_id, req.topic, policy.guarantee.value)
+            store.start_run(run_id, req.topic, policy.guarantee.value, txn_id if policy.transactional else None)
+            if policy.transactional:  # this producer holds the transactional.id: runs that had it are dead
+                settle_killed_runs(store, req.conn, req.topic, txn_id, run_id, req.notice)
         except BaseException:
             store.close()
             raise
@@ -569,6 +596,8 @@ class _Transaction:
 
     def __init__(self, req, producer, outcomes, report):
         self.req, self.producer, self.outcomes, self.report = req, producer, outcomes, report
+        outcomes.held = True  # a transaction's rows are written whole, before it commits (_write_ledger)
+        self.written: tuple[list[tuple], tuple] | None = None  # its rows, and the counts before them
         self.chunks: list[Chunk] = []  # the records sent in it (stamped)
         self.size = 0
         self.reports = self._new_reports()
@@ -593,6 +622,7 @@ class _Transaction:
     def commit(self) -> None:
         for attempt in range(MAX_TXN_RETRIES):
             try:
+                self._write_ledger()
                 self.producer.commit()
                 break
             except TransactionAborted:
@@ -606,7 +636,9 @@ class _Transaction:
                 self._renew(exc)
         else:
             raise DeliveryError(f"a transaction was aborted {MAX_TXN_RETRIES} times in a row; stopping")
-        self.outcomes.settle(self.producer, self.reports, self.size)
+        if self.reports is None:
+            self.outcomes.settle(self.producer, None, self.size)
+        self.written = None
         self.report.sent += self.size
         self.report.transactions += 1
         self.renewals = 0
@@ -615,10 +647,26 @@ class _Transaction:
         if self.req.progress:
             self.req.progress(self.report.sent)
 
+    def _write_ledger(self) -> None:
+        """With the ledger, the transaction's rows are written before it commits, its records delivered first (in
+        the open transaction: each with its partition and offset): a producer killed once it committed leaves
+        none of them out. Killed before, its next run finds the rows of a transaction that never committed
+        (:func:`settle_killed_runs`)."""
+        if self.reports is None:
+            return
+        while self.producer.flush(60):  # as the commit would wait: each record is delivered or fails in the end
+            pass                        # (message.timeout.ms)
+        self.written = self.outcomes.write_now(self.reports)
+
     def _again(self) -> None:
         """The open transaction was aborted: its records were purged and reported failed; send them again."""
         self.report.aborted_transactions += 1
         failures = self.producer.take_failures()
+        if self.written is not None:  # its ledger rows, written before the commit that failed, and the
+            rows, before = self.written  # failures their reports counted
+            failures.update(Counter(self.report.errors) - Counter(before[3]))
+            self.outcomes.uncount(rows, before, "its transaction was aborted")
+            self.written = None
         if self.reports is not None:
             failures.update(name for name in map(_ERROR, self.reports.take()) if name is not None)
         if refusals := refusals_for_good(failures):  # sent again, they would be refused again: none committed

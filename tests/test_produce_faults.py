@@ -5,6 +5,10 @@ answers DUPLICATE_SEQUENCE_NUMBER, which the idempotent producer takes for succe
 invalid"); a broker killed with requests in flight is one way there. The ledger then has no offset for it.
 """
 
+import signal
+import subprocess
+import sys
+import time
 import uuid
 
 import pytest
@@ -93,3 +97,76 @@ def test_a_record_too_large_refuses_no_neighbour(kdg, conn):
         failed = store.fetch("SELECT idempotency_key FROM kdg_ledger_keys WHERE topic = $1 AND status = 'failed'",
                              topic)
     assert {r["idempotency_key"] for r in failed} == too_large
+
+
+def _ledger_records(conn, topic: str) -> int:
+    from kdg.store.pg import Store
+
+    with Store(conn.pg_dsn) as store:
+        return store.fetchval("SELECT coalesce(sum(coalesce(seq_count, 1)), 0) FROM kdg_ledger WHERE topic = $1",
+                              topic)
+
+
+def _settled_and_audited(kdg, topic: str, group: str) -> dict:
+    """The next exactly-once run (same transactional.id) settles what the killed one left; then every committed
+    record is read into a table and audited against the ledger."""
+    kdg("produce", topic, "-g", "exactly-once", "--count", 10, "--json")
+    kdg("consume", topic, "-G", group, "-g", "exactly-once", "-e", "--json")
+    return audited(kdg, topic, "-G", group)
+
+
+def test_a_killed_exactly_once_producer_leaves_no_committed_record_out_of_its_ledger(kdg, kdg_spawn, conn, group):
+    """SIGKILLed mid-run: each transaction's ledger rows were written before it committed, so no committed record
+    lacks its row (the ledger used to be written up to a second after the commits: 'unexpected' records)."""
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    proc = kdg_spawn("produce", topic, "-g", "exactly-once", "--count", 1_000_000, "--rate", 5_000, "--json")
+    try:
+        deadline = time.monotonic() + 60
+        while _ledger_records(conn, topic) < 3_000 and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.3)  # mid-transaction, or between a commit and the next ledger write
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, "the producer ended before it was killed"
+    audit = _settled_and_audited(kdg, topic, group)
+    assert (audit["lost"], audit["duplicates"], audit["unexpected"]) == (0, 0, 0), audit
+    assert audit["acked"] >= 3_000, audit
+
+
+_DIES_BEFORE_ITS_THIRD_COMMIT = """
+import os, sys
+from kdg.kafka.producer import KdgProducer
+from kdg.produce import ProduceRequest, run_produce
+from kdg.settings import Connection
+from kdg.sources import LineOptions, synthetic
+
+commit, commits = KdgProducer.commit, []
+def dies(self):
+    commits.append(1)
+    if len(commits) == 3:
+        os._exit(9)  # as a SIGKILL would: its rows are written, its transaction is open
+    commit(self)
+KdgProducer.commit = dies
+run_produce(ProduceRequest(sys.argv[1], "exactly-once", synthetic(3000, 64, None, LineOptions()),
+                           Connection(bootstrap_servers=sys.argv[2], pg_dsn=sys.argv[3]), txn_size=1000,
+                           txn_interval_ms=600_000))
+"""
+
+
+def test_rows_of_a_transaction_a_kill_left_uncommitted_are_settled_failed_by_the_next_run(kdg, conn, group):
+    """Killed after writing a transaction's ledger rows and before committing it: the rows stand for records
+    that were never committed. The next run with the transactional.id (whose start aborted that transaction)
+    finds them, reads Kafka, and marks them failed: the audit counts none of them lost."""
+    from kdg.store.pg import Store
+
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    proc = subprocess.run([sys.executable, "-c", _DIES_BEFORE_ITS_THIRD_COMMIT, topic, conn.bootstrap_servers,
+                           conn.pg_dsn], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 9, proc.stderr
+    assert _ledger_records(conn, topic) == 3000  # the third transaction's rows too, its commit never made
+    audit = _settled_and_audited(kdg, topic, group)
+    assert (audit["acked"], audit["lost"], audit["duplicates"], audit["unexpected"]) == (2010, 0, 0, 0), audit
+    with Store(conn.pg_dsn) as store:
+        failed = store.fetchval("SELECT count(*) FROM kdg_ledger_keys WHERE topic = $1 AND status = 'failed'", topic)
+    assert failed == 1000

@@ -19,6 +19,7 @@ from kdg.errors import ConnectionFailed
 if TYPE_CHECKING:  # pg.py mixes LedgerMixin into Store: importing it here at run time would be a cycle
     from kdg.store.pg import Store
 
+ABORTED_BY_KILL = "its transaction was aborted: the producer was killed before committing it"
 # a row is one record, or (seq_count, key_form, key_suffix set) a run of them: 006_ledger_ranges.sql
 LEDGER_COLUMNS = ("run_id", "idempotency_key", "topic", "seq", "status", "partition", "offset", "error",
                   "seq_count", "key_form", "key_suffix")
@@ -31,9 +32,46 @@ class LedgerMixin:
     store's ``copy_rows``), usually from a :class:`LedgerWriter`'s thread.
     """
 
-    def start_run(self, run_id, topic: str, guarantee: str) -> None:
+    def start_run(self, run_id, topic: str, guarantee: str, transactional_id: str | None = None) -> None:
+        """A run begins; a transactional one's id is kept in its summary until it finishes (:meth:`killed_runs`)."""
+        started = None if transactional_id is None else json.dumps({"transactional_id": transactional_id})
         self._run(self.conn.execute(
-            "INSERT INTO kdg_producer_runs (run_id, topic, guarantee) VALUES ($1, $2, $3)", run_id, topic, guarantee))
+            "INSERT INTO kdg_producer_runs (run_id, topic, guarantee, summary) VALUES ($1, $2, $3, $4)",
+            run_id, topic, guarantee, started))
+
+    def killed_runs(self, topic: str, transactional_id: str, run_id) -> list:
+        """Runs of ``topic`` with ``transactional_id`` that never finished, other than ``run_id``: dead, once
+        ``run_id``'s producer holds that id (its init fenced them and aborted their open transaction). Each with
+        the first record of its last ledger write (one COPY, so one ``recorded_at``: one transaction's rows)."""
+        return self._run(self.conn.fetch(
+            """SELECT r.run_id, l."partition", l."offset", l.recorded_at FROM kdg_producer_runs r
+               LEFT JOIN LATERAL (SELECT "partition", "offset", recorded_at FROM kdg_ledger l
+                                  WHERE l.topic = r.topic AND l.run_id = r.run_id AND l.status = 'acked'
+                                  ORDER BY recorded_at DESC, "offset" IS NULL, seq LIMIT 1) l ON true
+               WHERE r.topic = $1 AND r.finished_at IS NULL AND r.summary->>'transactional_id' = $2
+                     AND r.run_id <> $3""", topic, transactional_id, run_id))
+
+    def settle_killed_run(self, run_id, topic: str, last_written, committed: bool) -> None:
+        """A killed run is finished: its last ledger write (``recorded_at`` ``last_written``, if any) failed if
+        its transaction was not ``committed``."""
+        if last_written is not None and not committed:
+            self._run(self.conn.execute(
+                """UPDATE kdg_ledger SET status = 'failed', "partition" = NULL, "offset" = NULL, error = $4
+                   WHERE topic = $1 AND run_id = $2 AND recorded_at = $3 AND status = 'acked'""",
+                topic, run_id, last_written, ABORTED_BY_KILL))
+        self._run(self.conn.execute(
+            "UPDATE kdg_producer_runs SET finished_at = now(), summary = $2 WHERE run_id = $1", run_id,
+            json.dumps({"killed": True, "last_transaction": None if last_written is None
+                        else "committed" if committed else "aborted"})))
+
+    def void_ledger(self, run_id, topic: str, rows: list[tuple], reason: str) -> None:
+        """The ledger ``rows`` (as written) of a transaction that was aborted: failed, with ``reason``."""
+        keys, seqs = [r[1] for r in rows], [r[3] for r in rows]
+        self._run(self.conn.execute(
+            """UPDATE kdg_ledger SET status = 'failed', "partition" = NULL, "offset" = NULL, error = $5
+               WHERE topic = $1 AND run_id = $2 AND status = 'acked'
+                     AND (idempotency_key, seq) IN (SELECT * FROM unnest($3::text[], $4::bigint[]))""",
+            topic, run_id, keys, seqs, reason))
 
     def finish_run(self, run_id, summary: dict) -> None:
         self._run(self.conn.execute(
@@ -105,6 +143,17 @@ class LedgerWriter:
                     self._raise_failure()  # the writer gave up meanwhile: its error says why
                     raise ConnectionFailed("stopped while the producer ledger waited for Postgres")
 
+    def run(self, statement: Callable[["Store"], object]) -> None:
+        """Queue ``statement(store)``, made on the writer's thread after the rows queued before it (as
+        :meth:`write`: Postgres away is waited for, and the statement may run twice)."""
+        self.write([statement])
+
+    def flush(self) -> None:
+        """Wait until everything queued is written (Postgres away: up to ``pg_wait``); raise as :meth:`write`."""
+        self._raise_failure()
+        self._batches.join()
+        self._raise_failure()
+
     def close(self) -> None:
         """Wait until every queued batch is written; raise the error that stopped the writer, if one did."""
         if self._thread.is_alive():
@@ -130,6 +179,7 @@ class LedgerWriter:
                     self._error = exc
             if self._error is not None:
                 self.unwritten += _records(rows)
+            self._batches.task_done()
 
     def _copy(self, rows: list[tuple]) -> None:
         """COPY ``rows``; Postgres gone (a restart) is waited for and the COPY made again. A COPY whose
@@ -143,11 +193,14 @@ class LedgerWriter:
             waited.append(text)
 
         sleep = self._shutdown.sleep if self._shutdown is not None else time.sleep
-        self._store.across_restart(lambda: self._store.copy_ledger(rows), self.pg_wait, notice, sleep)
+        if callable(rows[0]):  # a statement (run)
+            self._store.across_restart(lambda: rows[0](self._store), self.pg_wait, notice, sleep)
+        else:
+            self._store.across_restart(lambda: self._store.copy_ledger(rows), self.pg_wait, notice, sleep)
         if waited:
             self._waiting(None)
 
 
 def _records(rows: list[tuple]) -> int:
     """The records ledger ``rows`` stand for: a run's row counts its ``seq_count`` (LEDGER_COLUMNS)."""
-    return sum(row[8] if len(row) > 8 and row[8] else 1 for row in rows)
+    return sum(row[8] if len(row) > 8 and row[8] else 1 for row in rows if not callable(row))
