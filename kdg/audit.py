@@ -1,4 +1,5 @@
-"""`kdg audit`: compare what the producer ledger says was acknowledged with what reached the sink."""
+"""`kdg audit`: compare what the producer ledger says was acknowledged (or, without a ledger of the topic, what
+the topic holds: :mod:`kdg.audit_topic`) with what reached the sink."""
 
 import functools
 from datetime import datetime, timezone
@@ -277,8 +278,8 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
 
     The truth is kdg's producer ledger when it holds records of ``topic``; else the topic itself, each
     record keyed as ``--id-from`` (``id_from``, read under ``envelope`` from values in ``value_format``)
-    keyed it for the consumer (:mod:`kdg.audit_topic`). A
-    topic neither in Kafka nor in the ledger is a :class:`~kdg.errors.UnknownTopic` (exit 2).
+    keyed it for the consumer (:mod:`kdg.audit_topic`). A topic neither in Kafka nor in the ledger is a
+    :class:`~kdg.errors.UnknownTopic` (exit 2).
     A record missing from the sink is lost only if its group's position passed it, else pending
     (:mod:`kdg.audit_groups` tells whose positions count; it refuses when it cannot tell).
     """
@@ -343,12 +344,13 @@ def _count_table(store, report: AuditReport, table, topic: str, kdg_shaped: bool
     if kdg_shaped:
         report.rows = store.fetchval(f"SELECT count(*) FROM {table.sql} WHERE topic = $1 "
                                      "AND ($2::text IS NULL OR consumer_group = $2)", topic, report.group)
+    elif "topic" in (columns := _columns(store, table)):
+        report.rows = store.fetchval(f"SELECT count(*) FROM {table.sql} WHERE topic = $1", topic)
+    elif "idempotency_key" in columns:
+        theirs = _OTHER_TOPICS.format(table=table.sql).replace("$7", "$2")
+        report.rows = store.fetchval(f"SELECT count(*) FROM {table.sql} WHERE {theirs}", topic, table.text)
     else:
-        columns = _columns(store, table)
-        where = ("topic = $1" if "topic" in columns else
-                 _OTHER_TOPICS.format(table=table.sql) if "idempotency_key" in columns else "true")
-        report.rows = store.fetchval(f"SELECT count(*) FROM {table.sql} WHERE $1::text IS NOT NULL AND "
-                                     f"$7::text IS NOT NULL AND {where}".replace("$7", "$2"), topic, table.text)
+        report.rows = store.fetchval(f"SELECT count(*) FROM {table.sql}")
     report.claims = store.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = $1 AND topic = $2",
                                    table.text, topic)
 

@@ -4,9 +4,10 @@ A topic kdg did not produce has no ledger rows, so what should be in the sink is
 every record (read_committed, beginning to end) keyed as `kdg consume` keyed it (:class:`kdg.keys.KeyResolver`
 with the same ``--id-from``). A key is lost when its group read past one of its records and the sink has
 no row of it, and none of its records was accounted for otherwise (dead-lettered, or, in a typed table,
-a tombstone that deleted it or was left out). The unit is the key, not the record: the versions of one key
-that an upsert folded into one row are one key. Keys in the sink that the topic no longer holds (its
-retention dropped them) cannot be told from strangers, so "unexpected" is not counted from a topic.
+a tombstone or a change event's delete that removed it or was left out). The unit is the key, not the
+record: the versions of one key that an upsert folded into one row are one key. Keys in the sink that the
+topic no longer holds (its retention dropped them) cannot be told from strangers, so "unexpected" is not
+counted from a topic.
 """
 
 import time
