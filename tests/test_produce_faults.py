@@ -64,7 +64,7 @@ def test_exactly_once_producer_rides_out_timed_out_requests(kdg, stack, topic, g
 
     n = 1000
     with FaultProxy(stack) as proxy:
-        proxy.drop_produce_responses(30)
+        proxy.drop_produce_responses(4)  # each may fail its transaction: fewer than MAX_TXN_RETRIES in a row
         proc = kdg("produce", topic, "-g", "exactly-once", "-b", stack.proxy_bootstrap, "--count", n, "--size", 50,
                    "--rate", 500, "--json", *TIMEOUTS, check=False, timeout=240)
     assert proxy.dropped > 0  # the fault fired
