@@ -8,7 +8,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from kdg.audit_groups import load_positions, standings
 from kdg.audit_topic import LEDGER, SOURCE_HEADER, TOPIC, TOPIC_JOIN, TOPIC_NOTE, has_ledger, iter_topic, \
-    key_resolver, load_topic, require_topic
+    key_resolver, load_topic, output_key_picker, require_topic
 from kdg.errors import UsageError
 from kdg.records import GROUP_HEADER, ID_HEADER
 from kdg.settings import Connection, table_name
@@ -187,12 +187,15 @@ _TOTALS = f"""SELECT count(*) FILTER (WHERE ok AND NOT outside) AS acked,
               FROM kdg_audit"""
 
 
-def _load_output_keys(store, conn: Connection, out_topic: str, topic: str) -> None:
-    """Stream the ``kdg-id`` and ``kdg-group`` headers of output topic ``out_topic`` into temp table
-    ``kdg_audit_got``, a batch at a time; shaped as a kdg sink table (``topic`` is the audited one) so the
-    audit tells the groups that wrote into it apart (:mod:`kdg.audit_groups`)."""
+def _load_output_keys(store, conn: Connection, out_topic: str, topic: str, resolver) -> None:
+    """Stream the keys (``kdg-id``, else as ``resolver`` keys a copied record) and ``kdg-group`` headers of
+    output topic ``out_topic`` into temp table ``kdg_audit_got``, a batch at a time; shaped as a kdg sink table
+    (``topic`` is the audited one) so the audit tells the groups that wrote into it apart (:mod:`kdg.audit_groups`)."""
     store.execute("CREATE TEMP TABLE kdg_audit_got (idempotency_key text NOT NULL, consumer_group text, topic text)")
-    for found in iter_topic_headers(conn.bootstrap_servers, out_topic, conn.extra, (ID_HEADER, GROUP_HEADER)):
+    pick = output_key_picker(resolver)
+    found_in = (iter_topic_headers(conn.bootstrap_servers, out_topic, conn.extra, (ID_HEADER, GROUP_HEADER))
+                if pick is None else iter_topic(conn.bootstrap_servers, out_topic, conn.extra, pick))
+    for found in found_in:
         store.copy_rows("kdg_audit_got", [(k, g, topic) for k, g in found if k is not None],
                         ("idempotency_key", "consumer_group", "topic"))
 
@@ -304,7 +307,7 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
             base.records, base.keys = load_topic(store, conn.bootstrap_servers, topic, conn.extra, resolver)
         _load_dead_letters(store, conn, topic)
         if kind == "kafka":
-            _load_output_keys(store, conn, out_topic, topic)
+            _load_output_keys(store, conn, out_topic, topic, resolver)
             got, sink_arg, rows_table, shown = _GOT_TOPIC, None, "kdg_audit_got", sink
             base.basis = "output topic"
         else:

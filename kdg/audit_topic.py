@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 
 from kdg.errors import ConnectionFailed, UnknownTopic, UsageError
 from kdg.keys import KeyResolver
-from kdg.records import Record
+from kdg.records import GROUP_HEADER, Record
 
 IDLE_LIMIT_S = 15  # an open transaction can hold read_committed readers back; do not wait forever
 OPEN_TXN_WAIT_S = 10.0  # how long an open transaction in a topic the audit reads is waited for
@@ -136,6 +136,25 @@ def _deletes(deletes, rec: Record) -> bool:
         return deletes.document(rec).deleted
     except ValueError:  # not a change event: its dead letter accounts for it
         return False
+
+
+def output_key_picker(resolver: KeyResolver) -> Callable | None:
+    """How to key an output topic's records (a Kafka sink copies each input record's value, key and headers):
+    as the input's were keyed, when ``--id-from`` reads what was copied (``header:``, ``json:``); None when
+    only their ``kdg-id`` headers can say (``offset``: an output record's offset is its own)."""
+    if resolver.kind not in ("header", "json"):
+        return None
+
+    def pick(msg) -> tuple:
+        rec = Record(msg.value(), msg.key(), msg.headers() or [], msg.partition(), msg.topic(), msg.offset())
+        try:
+            key = resolver.key(rec)
+        except ValueError:
+            key = None
+        group = rec.header(GROUP_HEADER)
+        return key, None if group is None else group.decode(errors="replace")
+
+    return pick
 
 
 def iter_topic(bootstrap: str, topic: str, extra: dict, pick: Callable) -> Iterator[list]:

@@ -51,6 +51,16 @@ def test_without_a_ledger_every_record_the_group_passed_is_in_the_table(kdg, con
     assert broken["examples"]["lost"] == ["170", "7", "70"] and broken["examples"]["duplicated"] == ["42"], broken
 
 
+def test_an_output_topics_records_are_keyed_as_their_inputs_were(kdg, conn, topic, group):
+    """A Kafka sink copies each record without a kdg-id: its copies are keyed by the same --id-from."""
+    send(conn, topic, [json.dumps({"id": i}).encode() for i in range(100)])
+    out = f"kafka:{topic}-out"
+    kdg("consume", topic, "-G", group, "-g", "at-least-once", "--id-from", "json:id", "--sink", out, "-e", "--json")
+    report = audited(kdg, topic, "-G", group, "--sink", out, "--id-from", "json:id")
+    assert {k: report[k] for k in ("truth", "keys", "rows", "claims", "lost", "duplicates")} == {
+        "truth": "topic", "keys": 100, "rows": 100, "claims": None, "lost": 0, "duplicates": 0}, report
+
+
 def test_a_typed_upsert_table_counts_its_rows_and_its_claims_apart(kdg, conn, topic, group):
     """Exactly-once into an upsert table: two versions of each id are one row, and neither is lost."""
     table = f"app.orders_{uuid.uuid4().hex[:8]}"
