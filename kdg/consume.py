@@ -96,6 +96,7 @@ class ConsumeReport:
     claim_partitions_dropped: int = 0  # expired claim partitions this consumer's maintenance dropped
     probes_skipped: int = 0          # `kdg doctor --topic` probe records: read, stepped over, never written
     max_dead_letters: str = ""       # the limit this run kept to (--max-dead-letters)
+    field_notes: list = field(default_factory=list)  # a typed sink: mapped fields no record had, fields unmapped
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -320,6 +321,7 @@ def _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics) 
                 req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
             for note in sink.healed():
                 req.notice(f"warning: {note}")
+            _field_notes(req, sink, report, metrics)
             stop = _stop_reason(req, got, end, report, last_data, sink.records_in_flight)
             if stop and sink.records_in_flight:  # decide on what is written, not on what is being written
                 _settle(sink.drain(), req, offsets, sink, report, metrics)
@@ -344,6 +346,17 @@ def _maintain(req, offsets, sink, report, metrics) -> list:
         if sink.lost_connection():  # nothing in flight met it: wait for it here
             _wait_for_postgres(exc, Batch(), req, offsets, sink, report, metrics)
         return []
+
+
+def _field_notes(req, sink, report, metrics) -> None:
+    """Say each mapped field no record has, and each field no column maps, once (a typed sink's watch)."""
+    notes = sink.field_notes()
+    if not notes:
+        return
+    for note in notes:
+        req.notice(f"warning: {note.describe(sink.table.text)}")
+        report.field_notes.append({"kind": note.kind, "field": note.field, "from": note.source or None})
+    metrics.mapping_fields(req.topic, sink.field_counts())
 
 
 def _stop_reason(req, got: bool, end, report, last_data: float, in_flight: int) -> str | None:

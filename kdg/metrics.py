@@ -76,6 +76,9 @@ class Metrics:
                                registry=reg)
         self.filtered = Counter("kdg_records_filtered", "Records left out on purpose (a tombstone under "
                                 "on_tombstone = ignore).", t, registry=reg)
+        self.mapping_field_gauge = Gauge("kdg_mapping_fields", "A typed sink's mapping against its records: mapped "
+                                         "fields no record of a batch had (kind=absent), fields no column maps "
+                                         "(kind=unmapped).", t + ["kind"], registry=reg)
         self.stepped_over = Counter("kdg_records_stepped_over", "`kdg doctor` probe records read and stepped over.",
                                     t, registry=reg)
         self.skipped = Counter("kdg_records_skipped", "Records read and dropped: a batch of partitions this member "
@@ -167,6 +170,8 @@ class Metrics:
             counter.labels(g, topic)
         self.pg_outages.labels(g)
         self.pg_outage_seconds.labels(g)
+        for kind in ("absent", "unmapped"):
+            self.mapping_field_gauge.labels(g, topic, kind)
 
     def settled(self, batch, result, topic: str, seconds: float) -> None:
         """A batch the sink committed: its counts, size, commit time and records' age."""
@@ -203,6 +208,11 @@ class Metrics:
             return
         for p, n in Tally(batch.partitions()).items():
             self.skipped.labels(self.guarantee, topic, str(p), reason).inc(n)
+
+    def mapping_fields(self, topic: str, counts: dict[str, int]) -> None:
+        if self.enabled:
+            for kind, n in counts.items():
+                self.mapping_field_gauge.labels(self.guarantee, topic, kind).set(n)
 
     def outage(self, seconds: float) -> None:
         if self.enabled:

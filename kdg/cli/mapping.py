@@ -7,8 +7,8 @@ from typing import Annotated, Optional
 import typer
 from rich.table import Table
 
-from kdg.cli.options import Json, PgDsn, Profile, Properties, SchemaRegistry
-from kdg.cli.render import console, print_json
+from kdg.cli.options import Bootstrap, Json, PgDsn, Profile, Properties, SchemaRegistry
+from kdg.cli.render import console, plain, print_json
 
 app = typer.Typer(help="Typed sinks: check a mapping file (record fields → your table's columns), or derive one "
                   "from a Schema Registry subject.",
@@ -19,15 +19,26 @@ app = typer.Typer(help="Typed sinks: check a mapping file (record fields → you
 def check(
     file: Annotated[Path, typer.Argument(help="The TOML mapping file.")],
     offline: Annotated[bool, typer.Option("--offline", help="Only parse the file; do not look at the table.")] = False,
-    pg_dsn: PgDsn = None, as_json: Json = False,
+    sample: Annotated[int, typer.Option("--sample", help="Also read this many of --topic's latest records and report "
+                      "mapped fields none of them has (exit 7) and fields no column maps.")] = 0,
+    topic: Annotated[Optional[str], typer.Option("--topic", help="The topic --sample reads.")] = None,
+    pg_dsn: PgDsn = None, bootstrap: Bootstrap = None, schema_registry: SchemaRegistry = None,
+    props: Properties = None, profile: Profile = None, as_json: Json = False,
 ) -> None:
-    """Parse the mapping and check it against the table (columns, types, keys); writes nothing. Exit 2 if bad."""
+    """Parse the mapping and check it against the table (columns, types, keys), and with --sample against the
+    data; writes nothing. Exit 2 if the mapping is bad, 7 if the data has none of a mapped field."""
+    from kdg.errors import CheckFailed, UsageError
     from kdg.mapping.check import run_mapping_check
     from kdg.settings import connection
 
-    report = run_mapping_check(file, None if offline else connection(pg_dsn=pg_dsn).pg_dsn)
+    if sample < 0 or (sample and not topic) or (topic and not sample):
+        raise UsageError("--sample N and --topic TOPIC go together (N at least 1): the records to check the mapping "
+                         "against")
+    conn = connection(bootstrap, pg_dsn, props, profile=profile, schema_registry=schema_registry)
+    report = run_mapping_check(file, None if offline else conn.pg_dsn, sample=sample, topic=topic, conn=conn)
     if as_json:
         print_json(report)
+        _sample_verdict(report, CheckFailed)
         return
     table = Table(title=f"{report.file} → {report.table} ({report.mode}, table {report.table_state})",
                   title_justify="left")
@@ -38,7 +49,27 @@ def check(
     console.print(table)
     key = f"key ({', '.join(report.key)})" if report.key else "no key columns"
     envelope = f"; a {report.envelope} change stream (json: reads after)" if report.envelope != "none" else ""
-    console.print(f"[ok]ok[/ok]: {key}; tombstones: {report.on_tombstone}{envelope}")
+    verdict = "[ok]ok[/ok]" if report.ok else "the mapping and its table are ok, the data is not"
+    console.print(f"{verdict}: {key}; tombstones: {report.on_tombstone}{envelope}")
+    if report.sample is not None:
+        found = report.sample
+        console.print(plain(f"sample: {found['records']:,} latest records of {found['topic']}"
+                            + (f" ({found['unreadable']:,} could not be read)" if found["unreadable"] else "")))
+        for absent in found["absent"]:
+            console.print(plain(f"  absent: {absent['from']} reads field {absent['field']!r}, which none of them "
+                                "has (it would write NULL)"))
+        if found["unmapped"]:
+            console.print(plain(f"  unmapped: {', '.join(found['unmapped'])} (in the records, mapped to no column)"))
+        if not found["absent"] and not found["unmapped"]:
+            console.print("  every mapped field is in the records, and every field is mapped")
+    _sample_verdict(report, CheckFailed)
+
+
+def _sample_verdict(report, error) -> None:
+    if not report.ok:
+        fields = ", ".join(repr(a["field"]) for a in report.sample["absent"])
+        raise error(f"the mapping reads {fields}, which none of {report.sample['records']:,} records of "
+                    f"{report.sample['topic']} has")
 
 
 @app.command("from-schema")

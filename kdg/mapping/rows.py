@@ -6,6 +6,7 @@ its record and the latest version of a key wins an upsert.
 """
 
 from kdg.mapping.events import RecordReader
+from kdg.mapping.fields import UNMAPPED_EVERY, FieldWatch
 from kdg.mapping.sources import parse_json
 from kdg.mapping.spec import Mapping
 
@@ -18,8 +19,9 @@ DELETE_REASON = "a Debezium delete (op d): --on-tombstone dead-letter"
 class RowMaker:
     """The compiled form of a mapping: ``rows(records)`` → staged rows and dead letters."""
 
-    def __init__(self, mapping: Mapping, registry: dict[str, str] | None = None):
-        """``registry``: the Schema Registry settings, for a schema'd value or key format."""
+    def __init__(self, mapping: Mapping, registry: dict[str, str] | None = None, *, watch: bool = False):
+        """``registry``: the Schema Registry settings, for a schema'd value or key format; ``watch``: hold the
+        mapping against each batch's rows (:attr:`watch`, :mod:`kdg.mapping.fields`)."""
         self.mapping = mapping
         self.columns = mapping.columns
         self._jsonb = [c.type.base == "jsonb" for c in mapping.columns]
@@ -36,6 +38,14 @@ class RowMaker:
         # a delete must say which row: deleting by a NULL key would delete nothing, silently
         self._delete_keys = [(i, c) for i, c in enumerate(mapping.columns) if c.name in mapping.key] \
             if mapping.on_tombstone == "delete" else []
+        self.watch = FieldWatch(mapping) if watch else None
+        if self.watch is not None and not self.watch.active:
+            self.watch = None
+        self._watching: FieldWatch | None = None  # the watch, while a batch it looks at is made
+
+    def document(self, rec):
+        """What ``rec``'s ``json:`` sources read (a change event's row); ValueError if it cannot be read."""
+        return self._reader.document(rec).row
 
     def prepare(self, records) -> None:
         """Schemas of ``records``' schema'd values and keys fetched before their rows are made (and a COPY
@@ -67,6 +77,9 @@ class RowMaker:
             return None
         try:
             doc = self._reader.document(rec)
+            watch = self._watching  # (FieldWatch.wants, inlined: this runs once per record)
+            if watch is not None and (watch.missing or not seq % UNMAPPED_EVERY) and not doc.deleted:
+                watch.see(seq, doc.row)
             deletes = doc.deleted and not tomb  # a change event's delete (a tombstone after it is for compaction)
             if deletes:  # staged as a tombstone: deleted by key, or (ignore) claimed and not applied
                 if self._tombstones == "dead-letter":
@@ -129,6 +142,12 @@ class StagedRows:
             return
         self._made = True
         row_of, dead, dead_seqs, kept = self._maker._row, self.dead, self._dead_seqs, self._kept
+        watch = self._maker.watch
+        if watch is not None and watch.due():
+            watch.begin()
+            self._maker._watching = watch
+        else:
+            watch = None
         for seq, (rec, key) in enumerate(self.records):
             row = row_of(seq, rec, key, dead)
             if row is None:
@@ -140,6 +159,9 @@ class StagedRows:
             if kept is not None:
                 kept.append(row)
             yield row
+        if watch is not None:
+            self._maker._watching = None
+            watch.end(len(self.records))
 
     def claims(self):
         dead = self._dead_seqs

@@ -142,6 +142,15 @@ class Sink:
         sink's claims: :func:`kdg.store.windows.forget_dropped`)."""
         return []
 
+    def field_notes(self) -> list:
+        """Mapped fields no record of a batch had, and fields no column maps, found since last asked (a typed
+        sink's :class:`kdg.mapping.fields.FieldNote`; each said once)."""
+        return []
+
+    def field_counts(self) -> dict[str, int]:
+        """Fields said so far by :meth:`field_notes`, by kind (absent, unmapped)."""
+        return {}
+
     def unclaimed(self) -> int:
         """Rows written without a claim, their keys older than the table's window (the Postgres sink)."""
         return 0

@@ -26,8 +26,16 @@ class TypedPostgresSink(PostgresSink):
             self.store.close()
             raise
         self.table = self.target.mapping.table  # its identity, schema-qualified
-        self.rows = RowMaker(self.target.mapping, registry)  # registry: for a schema'd value or key format
+        # registry: for a schema'd value or key format; watch: mapped fields no record has, fields nothing maps
+        self.rows = RowMaker(self.target.mapping, registry, watch=True)
         self._setup(dsn, group, topic, dlq, handler, pipeline=0)  # typed batches are written one at a time
+
+    def field_notes(self) -> list:
+        """What the mapping's watch found since last asked (:class:`kdg.mapping.fields.FieldNote`)."""
+        return self.rows.watch.news() if self.rows.watch is not None else []
+
+    def field_counts(self) -> dict[str, int]:
+        return self.rows.watch.counts() if self.rows.watch is not None else {}
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
         """Write ``batch``; ``handler(rows, conn)`` gets the staged rows (see :mod:`kdg.mapping.rows`)."""
