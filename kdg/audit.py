@@ -1,7 +1,6 @@
 """`kdg audit`: compare what the producer ledger says was acknowledged (or, without a ledger of the topic, what
 the topic holds: :mod:`kdg.audit_topic`) with what reached the sink."""
 
-import functools
 from datetime import datetime, timezone
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
@@ -13,7 +12,7 @@ from kdg.errors import UsageError
 from kdg.records import GROUP_HEADER, ID_HEADER
 from kdg.settings import Connection, table_name
 from kdg.sinks import parse_sink
-from kdg.sinks.dead_letters import REASON_HEADER, SQLSTATE_HEADER, dlq_topic
+from kdg.sinks.dead_letters import REASON_HEADER, SQLSTATE_HEADER, dlq_topic, reason_class
 
 EXAMPLES = 5
 # what the producer ledger alone can tell: left out of a report whose truth is the topic
@@ -208,42 +207,9 @@ def _load_dead_letters(store, conn: Connection, topic: str) -> None:
                   "source text)")
     for found in iter_topic_headers(conn.bootstrap_servers, dlq_topic(topic), conn.extra,
                                     (ID_HEADER, REASON_HEADER, SQLSTATE_HEADER, GROUP_HEADER, SOURCE_HEADER)):
-        store.copy_rows("kdg_audit_dead", [(key, reason_group(reason, state), group, source)
+        store.copy_rows("kdg_audit_dead", [(key, reason_class(reason, state), group, source)
                                            for key, reason, state, group, source in found],
                         ("idempotency_key", "reason", "consumer_group", "source"))
-
-
-def reason_group(reason: str | None, sqlstate: str | None) -> str:
-    """A dead letter's reason without its particulars, to count alike ones together.
-
-    ``oversize: 2000000 bytes > 1048576`` → ``oversize``; a row Postgres refused → its SQLSTATE and
-    condition name, e.g. ``postgres refused the row: 23514 check_violation``.
-    """
-    if sqlstate:
-        return f"postgres refused the row: {sqlstate} {_condition(sqlstate)}".rstrip()
-    if not reason:
-        return "(no reason header)"
-    return reason.split(":", 1)[0][:80]
-
-
-def _condition(sqlstate: str) -> str:
-    """Postgres's condition name for a SQLSTATE (as asyncpg names its exception classes), or ''."""
-    return _conditions().get(sqlstate, "")
-
-
-@functools.cache
-def _conditions() -> dict[str, str]:
-    """Every SQLSTATE asyncpg knows → its condition name, built once (an audit asks per dead letter)."""
-    import re
-
-    import asyncpg
-
-    names, classes = {}, [asyncpg.PostgresError]
-    for cls in classes:
-        if (state := getattr(cls, "sqlstate", None)) and state not in names:
-            names[state] = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__.removesuffix("Error")).lower()
-        classes.extend(cls.__subclasses__())
-    return names
 
 
 def iter_topic_headers(bootstrap: str, topic: str, extra: dict, names: tuple[str, ...]) -> Iterator[list[tuple]]:
