@@ -11,7 +11,7 @@ to the type *without* its modifier, so the INSERT's own assignment applies it as
 any INSERT: a ``varchar(5)`` value too long is refused (22001), not cut; a ``numeric(12,2)`` rounded.
 A few families read more than Postgres's text input: timestamps and dates take epoch milliseconds
 too (digits alone, but for a JSON string of 8 digits, ISO 8601's basic date, which is staged to pass
-that test by: :func:`kdg.mapping.rows._dated_text`); money takes a number with an exponent (``1e5``), through
+that test by: :func:`kdg.mapping.events.dated_text`); money takes a number with an exponent (``1e5``), through
 numeric; an array column takes a JSON array; bytea takes a text in Postgres's hex form (``\\x`` and
 pairs of hex digits: how decoded Avro and Protobuf bytes, and a key's or a header's bytes, are staged)
 as those bytes, any other text as its UTF-8 bytes.
