@@ -165,8 +165,12 @@ class Metrics:
         if not self.enabled:
             return
         g = self.guarantee
+        if self.command == "produce":
+            for counter in (self.sent, self.acked, self.failed):
+                counter.labels(g, topic)
+            return
         for counter in (self.written, self.deduplicated, self.dead_lettered, self.superseded, self.deleted,
-                        self.filtered, self.stepped_over, self.sent, self.acked, self.failed):
+                        self.filtered, self.stepped_over):
             counter.labels(g, topic)
         self.pg_outages.labels(g)
         self.pg_outage_seconds.labels(g)

@@ -412,6 +412,7 @@ def run_produce(req: ProduceRequest) -> ProduceReport:
                  lambda: req.shutdown.requested) as metrics:
         if metrics.enabled:
             req.notice(f"metrics on http://{req.metrics_host}:{metrics.port}/metrics (and /healthz, /readyz)")
+        metrics.started(req.topic)
         try:
             _produce(req, policy, run_id, report, metrics)
         except StopRequested:  # while waiting for Kafka or Postgres: nothing was sent
