@@ -116,5 +116,5 @@ def sort_rows(msgs: list, max_bytes: int, require_utf8: bool, must_have_key: boo
     batch.next_offsets = {(topic, p): o + 1 for p, o in dict(zip(partitions, offsets)).items()}
     firsts = dict(zip(reversed(partitions), range(n - 1, -1, -1)))
     batch.first_offsets = {(topic, p): offsets[i] for p, i in firsts.items()}
-    batch.first_timestamps = {p: msgs[i].timestamp()[1] for p, i in firsts.items()}
+    batch.first_timestamps = {(topic, p): msgs[i].timestamp()[1] for p, i in firsts.items()}
     return batch

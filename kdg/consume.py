@@ -15,10 +15,11 @@ from kdg.accounting import crossed, dead_letter_status, parse_dead_letter_limit
 from kdg.errors import ConnectionFailed, Fenced, RetryBatch, UsageError
 from kdg.batching import sort_rows
 from kdg.guarantees import CommitMode, policy_for
-from kdg.kafka.admin import topic_partitions
 from kdg.kafka.consumer import KdgConsumer, StartOffset
+from kdg.flow.routes import Route, Router
+from kdg.flow.topics import PipelineTopics
 from kdg.keys import KeyResolver
-from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, attempt_s, wait_until_up
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
 from kdg.mapping import Mapping
 from kdg.memory import CalmCollector
 from kdg.metrics import Metrics
@@ -35,7 +36,7 @@ TOO_MANY_DEAD_LETTERS = "too many dead letters"
 
 @dataclass
 class ConsumeRequest:
-    topic: str
+    topic: str | list[str]            # one topic, or several (none: --topic-pattern or --pipeline's routes)
     group: str
     guarantee: str
     conn: Connection
@@ -65,6 +66,28 @@ class ConsumeRequest:
     metrics_port: int | None = None   # serve /metrics, /healthz and /readyz here (0: any free port)
     metrics_host: str = "0.0.0.0"
     max_dead_letters: str | None = None  # N | P% | all: past it the run stops, exit 7 (kdg.accounting)
+    topic_pattern: str | None = None  # a regular expression: every topic it matches, as they appear
+    routes: "Router | None" = None    # --pipeline FILE's routes (kdg.flow.pipeline_file); None: the command line's
+
+    @property
+    def topics(self) -> list[str]:
+        return [self.topic] if isinstance(self.topic, str) else [t for t in self.topic if t]
+
+    def router(self) -> "Router":
+        """The routes: the pipeline file's, or the command line as one route (``--table`` may be a template)."""
+        if self.routes is not None:
+            if self.topics or self.topic_pattern:
+                raise UsageError("--pipeline names the topics in its routes; give no TOPIC or --topic-pattern too")
+            return self.routes
+        if not self.topics and not self.topic_pattern:
+            raise UsageError("give a TOPIC, several, --topic-pattern REGEX or --pipeline FILE")
+        from kdg.flow.pipeline_file import PLACEHOLDER_TABLE
+
+        table = self.table
+        if self.mapping is not None and self.mapping.table.text != PLACEHOLDER_TABLE:
+            table = self.mapping.table.text
+        return Router([Route("the command line", tuple(self.topics), self.topic_pattern, table, self.mapping,
+                             self.id_from)])
 
 
 @dataclass
@@ -97,6 +120,7 @@ class ConsumeReport:
     probes_skipped: int = 0          # `kdg doctor --topic` probe records: read, stepped over, never written
     max_dead_letters: str = ""       # the limit this run kept to (--max-dead-letters)
     field_notes: list = field(default_factory=list)  # a typed sink: mapped fields no record had, fields unmapped
+    tables: dict = field(default_factory=dict)  # Postgres: per table, where its rows ended (and its route)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -116,27 +140,31 @@ def load_handler(spec: str | None):
         raise UsageError(f"--handler {spec!r}: {exc}") from None
 
 
-def _make_sink(req: ConsumeRequest, policy, dlq: DeadLetterQueue, consumer: KdgConsumer):
+def _make_sink(req: ConsumeRequest, policy, router: Router, dlq: DeadLetterQueue, consumer: KdgConsumer,
+               on_table=None):
     kind, out_topic = parse_sink(req.sink)
-    if req.mapping is not None:
-        from kdg.sinks.typed import TypedPostgresSink
-
-        return TypedPostgresSink(req.conn.pg_dsn, req.mapping, req.group, req.topic, dlq, load_handler(req.handler),
-                                 registry=req.conn.registry)
     if kind == "postgres":
         from kdg.sinks.postgres import PostgresSink
 
         depth = req.pipeline if policy.commit_mode is CommitMode.IN_SINK_TRANSACTION else 0  # chained offsets only
-        return PostgresSink(req.conn.pg_dsn, req.table, req.group, req.topic, dlq, load_handler(req.handler), depth)
+        return PostgresSink(req.conn.pg_dsn, router, req.group, dlq, load_handler(req.handler), depth,
+                            registry=req.conn.registry, on_table=on_table)
     if kind == "kafka":
         from kdg.sinks.kafka import KafkaSink
 
-        txn_id = req.transactional_id or f"kdg-{req.group}-{req.topic}-{socket.gethostname()}-{os.getpid()}"
+        txn_id = req.transactional_id or f"kdg-{req.group}-{_shown(req)}-{socket.gethostname()}-{os.getpid()}"
         return KafkaSink(policy, req.conn.bootstrap_servers, req.conn.extra, out_topic, dlq, txn_id, consumer,
                          req.group, own_id=req.transactional_id is None)
     from kdg.sinks.stdout import StdoutSink
 
     return StdoutSink(req.fmt, dlq, decode=value_decoder(req))
+
+
+def _shown(req: ConsumeRequest) -> str:
+    """The topics read, as reports and metrics name them: ``t``, ``t1,t2``, ``/REGEX/`` or the pipeline file's."""
+    if req.routes is not None:
+        return ",".join(s for r in req.routes.routes for s in r.topics + ((f"/{r.pattern}/",) if r.pattern else ()))
+    return ",".join(req.topics + ([f"/{req.topic_pattern}/"] if req.topic_pattern else []))
 
 
 def value_decoder(req: ConsumeRequest):
@@ -146,7 +174,34 @@ def value_decoder(req: ConsumeRequest):
     return optional_decoder(req.value_format, req.conn.registry)
 
 
-def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool) -> Batch:
+class Keys:
+    """Each topic's :class:`KeyResolver`: its route's ``id_from`` (else ``--id-from``) and envelope."""
+
+    def __init__(self, req: ConsumeRequest, router: Router):
+        self.req, self.router = req, router
+        self._by_route: dict[str, KeyResolver] = {}
+        self._by_topic: dict[str, KeyResolver] = {}
+        for route in router.routes:  # a malformed --id-from is refused before anything is read
+            self._for(route)
+        self.plain = all(r.kind is None for r in self._by_route.values())  # every key from the kdg-id header
+
+    def _for(self, route) -> KeyResolver:
+        found = self._by_route.get(route.name)
+        if found is None:
+            id_from = route.id_from or self.req.id_from
+            decode = value_decoder(self.req) if id_from else None
+            envelope = route.mapping.envelope if route.mapping is not None else "none"
+            found = self._by_route[route.name] = KeyResolver(id_from, decode, envelope=envelope)
+        return found
+
+    def of(self, topic: str) -> KeyResolver:
+        found = self._by_topic.get(topic)
+        if found is None:
+            found = self._by_topic[topic] = self._for(self.router.route(topic))
+        return found
+
+
+def _sort(msgs, keys: Keys, req: ConsumeRequest, must_have_key: bool) -> Batch:
     """Turn messages into a batch: good records with keys, and dead letters with a reason.
 
     This runs once per record, so it reads each message once and keeps to local names. Records share
@@ -156,18 +211,19 @@ def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool)
     batch = Batch()
     records, dead, first, after = batch.records, batch.dead, batch.first_offsets, batch.next_offsets
     max_bytes, utf8 = req.max_bytes, req.require_utf8
-    by_offset = resolver.kind == "offset"  # every record has a key: a probe is known by its headers alone
-    topic = None
+    topic = resolver = by_offset = None
     for i, msg in enumerate(msgs):
         msgs[i] = None
         partition, offset = msg.partition(), msg.offset()
         if msg.topic() != topic:
             topic = msg.topic()
+            resolver = keys.of(topic)
+            by_offset = resolver.kind == "offset"  # every record has a key: a probe is known by its headers alone
         rec = Record(msg.value(), msg.key(), msg.headers() or [], partition, topic, offset, msg.timestamp()[1])
         tp = (topic, partition)
         if tp not in first:
             first[tp] = offset
-            batch.first_timestamps[partition] = rec.timestamp
+            batch.first_timestamps[tp] = rec.timestamp
         if offset >= after.get(tp, 0):
             after[tp] = offset + 1
         value = rec.value or b""
@@ -184,12 +240,12 @@ def _sort(msgs, resolver: KeyResolver, req: ConsumeRequest, must_have_key: bool)
             key = resolver.key(rec)
         except ValueError as exc:
             if rec.is_probe:
-                batch.probes.append(partition)
+                batch.probes.append(tp)
                 continue
             dead.append((rec, f"{resolver.unreadable}{exc}", None))
             continue
         if (key is None or by_offset) and rec.is_probe:  # `kdg doctor`'s record: stepped over
-            batch.probes.append(partition)
+            batch.probes.append(tp)
             continue
         if key is None:
             if must_have_key:
@@ -206,16 +262,22 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
     if policy.commit_mode is CommitMode.IN_SINK_TRANSACTION and kind == "stdout":
         raise UsageError("exactly-once cannot write to stdout: a terminal cannot take back a line if the "
                          "consumer crashes before its offsets commit. Use --sink postgres or kafka:TOPIC.")
-    if req.mapping is not None and kind != "postgres":
+    router = req.router()
+    if router.typed and kind != "postgres":
         raise UsageError(f"--column and --mapping write a Postgres table; they cannot go with --sink {req.sink}")
+    if kind != "postgres" and (router.routes[0].templated or len(router.routes) > 1):
+        raise UsageError(f"--table templates and pipeline routes choose Postgres tables; --sink {req.sink} writes "
+                         "no table (kafka:{topic}.out names an output topic per input topic)")
     check_dedup_retention(req.dedup_retention, policy, kind)
     limit = parse_dead_letter_limit(req.max_dead_letters)  # malformed: refused before anything is read
-    report = ConsumeReport(policy.guarantee.value, req.group, req.topic, req.sink, max_dead_letters=limit.text)
+    shown = _shown(req)
+    report = ConsumeReport(policy.guarantee.value, req.group, shown, req.sink, max_dead_letters=limit.text)
+    keys = Keys(req, router)
     with Metrics("consume", policy.guarantee.value, req.metrics_port, req.metrics_host,
                  lambda: req.shutdown.requested) as metrics:
         if metrics.enabled:
             req.notice(f"metrics on http://{req.metrics_host}:{metrics.port}/metrics (and /healthz, /readyz)")
-        metrics.started(req.topic)
+        metrics.started(shown)
 
         def waiting(text: str) -> None:
             metrics.turned()  # waiting for the Schema Registry is not a hung loop
@@ -223,67 +285,70 @@ def run_consume(req: ConsumeRequest) -> ConsumeReport:
 
         try:
             with waiting_for_registry(req.wait_timeout, req.shutdown, waiting):
-                _consume(req, policy, kind, report, metrics)
+                _consume(req, policy, kind, router, keys, report, metrics)
         except StopRequested:  # while waiting for Kafka, Postgres or the Schema Registry
             report.stopped_by = req.shutdown.signal or "stop requested"
     return report
 
 
-def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metrics: Metrics) -> None:
+def _consume(req: ConsumeRequest, policy, kind: str, router: Router, keys: Keys, report: ConsumeReport,
+             metrics: Metrics) -> None:
     start = StartOffset(req.start)
-    resolver = KeyResolver(req.id_from, value_decoder(req) if req.id_from else None,
-                           envelope=req.mapping.envelope if req.mapping is not None else "none")
     bootstrap, extra = req.conn.bootstrap_servers, req.conn.extra
     metrics.not_ready = "waiting for Kafka"
-    partitions = wait_until_up("Kafka", lambda: topic_partitions(bootstrap, req.topic, extra,  # the topic must exist
-                                                                 attempt_s(req.wait_timeout, req.shutdown)),
-                               req.wait_timeout, req.shutdown, req.notice)
+    topics = PipelineTopics(router, bootstrap, extra, req.wait_timeout, req.shutdown, req.notice)
+    topics.wait()  # listed topics must exist; a pattern's may come later
     # a member killed inside a Kafka sink's transaction holds the group's offsets until Kafka aborts it: waited for
     consumer = KdgConsumer(policy, bootstrap, req.group, extra, start, eof=req.exit_at_end,
                            offsets_wait_s=max(30.0, req.wait_timeout), stop=req.shutdown.check)
     sink = None
     try:
-        dlq = DeadLetterQueue(policy, bootstrap, req.topic, extra, req.group)
+        dlq = DeadLetterQueue(policy, bootstrap, None, extra, req.group)  # each to its source topic's TOPIC.dlq
         metrics.not_ready = "waiting for Postgres" if kind == "postgres" else "starting"
-        sink = wait_until_up("Postgres", lambda: _make_sink(req, policy, dlq, consumer), req.wait_timeout,
-                             req.shutdown, req.notice)
-        if kind == "postgres" and sink.store.stream_running(req.group, req.topic):
-            raise UsageError(f"kdg spark-stream is reading {req.topic} for group {req.group!r}; one group is read "
-                             "by one pipeline at a time: stop the stream first (it exits 0 on SIGTERM)")
-        metrics.not_ready = "no partitions assigned"
-        if policy.dedup and kind == "postgres":  # claims, kept for the table's window
-            from kdg.retention import decide_dedup_window, show
+        on_table = _claim_windows(req, report) if policy.dedup and kind == "postgres" else None
+        sink = wait_until_up("Postgres", lambda: _make_sink(req, policy, router, dlq, consumer, on_table),
+                             req.wait_timeout, req.shutdown, req.notice)
+        checked: set[str] = set()
 
-            window = decide_dedup_window(sink.store, req.conn, req.topic, sink.table, req.dedup_retention,
-                                         req.notice)
-            sink.keep_window(window)
-            report.dedup_window = show(window.retention_ms)
-        offsets = OffsetProtocol(policy, consumer, sink, req.topic)
+        def not_streamed(tps) -> None:  # one group is read by one pipeline at a time
+            for topic in {t for t, _ in tps} - checked:
+                if kind == "postgres" and sink.store.stream_running(req.group, topic):
+                    raise UsageError(f"kdg spark-stream is reading {topic} for group {req.group!r}; one group is "
+                                     "read by one pipeline at a time: stop the stream first (it exits 0 on SIGTERM)")
+                checked.add(topic)
+
+        not_streamed([(t, 0) for t in topics.partitions])
+        metrics.not_ready = "no partitions assigned"
+        offsets = OffsetProtocol(policy, consumer, sink)
 
         def on_assign(assigned):
+            not_streamed([(p.topic, p.partition) for p in assigned])
             chosen = offsets.assign(assigned)
             faults.reach("during-rebalance")  # partitions taken (fences bumped), not yet fetching
             held = len(consumer.assigned) + len(chosen)
-            metrics.rebalanced(req.topic, "assigned", [p.partition for p in chosen], held)
+            for topic, parts in _by_topic(chosen).items():
+                metrics.rebalanced(topic, "assigned", parts, held)
             metrics.not_ready = None if held > 0 else "no partitions assigned"  # a member left with none
             return chosen
 
         def on_revoke(revoked):
             offsets.revoke(revoked)
             held = len(consumer.assigned) - len(revoked)
-            metrics.rebalanced(req.topic, "revoked", [p.partition for p in revoked], held)
-            metrics.forget(req.topic, [p.partition for p in revoked])
+            for topic, parts in _by_topic(revoked).items():
+                metrics.rebalanced(topic, "revoked", parts, held)
+                metrics.forget(topic, parts)
             metrics.not_ready = None if held > 0 else "no partitions assigned"
 
-        consumer.subscribe(req.topic, on_assign=on_assign, on_revoke=on_revoke)
-        end = TopicEnd(offsets, consumer, bootstrap, extra, req.topic, partitions, policy.isolation_level)
+        consumer.subscribe(router.subscription(), on_assign=on_assign, on_revoke=on_revoke)
+        end = TopicEnd(offsets, consumer, bootstrap, extra, topics.current, policy.isolation_level)
         try:
-            _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics)
+            _loop(req, policy, keys, consumer, offsets, sink, end, report, metrics)
         finally:
             end.close()
     finally:
         metrics.stopping = True
-        report.never_assigned = sorted(set(partitions) - consumer.ever_assigned)
+        never = sorted({(t, p) for t, parts in topics.partitions.items() for p in parts} - consumer.ever_assigned)
+        report.never_assigned = [p if len(topics.partitions) == 1 else f"{t}/{p}" for t, p in never]
         consumer.close()  # leaves the group: its partitions move to the others at once
         if sink is not None:
             report.outside_dedup_window = sink.unclaimed()
@@ -291,7 +356,26 @@ def _consume(req: ConsumeRequest, policy, kind: str, report: ConsumeReport, metr
             sink.close()
 
 
-def _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics) -> None:
+def _by_topic(partitions) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for p in partitions:
+        found.setdefault(p.topic, []).append(p.partition)
+    return found
+
+
+def _claim_windows(req: ConsumeRequest, report: ConsumeReport):
+    """Exactly-once into Postgres: each table's claim window, decided as the first topic routed to it is."""
+    from kdg.retention import decide_dedup_window, show
+
+    def on_table(store, table, topic: str, sink) -> None:
+        window = decide_dedup_window(store, req.conn, topic, table, req.dedup_retention, req.notice)
+        sink.keep_window(window)
+        report.dedup_window = report.dedup_window or show(window.retention_ms)
+
+    return on_table
+
+
+def _loop(req, policy, keys, consumer, offsets, sink, end, report, metrics) -> None:
     started = last_data = time.monotonic()
     shutdown = req.shutdown
     calm = CalmCollector()
@@ -312,7 +396,7 @@ def _loop(req, policy, resolver, consumer, offsets, sink, end, report, metrics) 
             got, n = bool(msgs), len(msgs)
             if got:
                 last_data = time.monotonic()
-                _handle(msgs, req, policy, resolver, offsets, sink, report, metrics)
+                _handle(msgs, req, policy, keys, offsets, sink, report, metrics)
             elif sink.records_in_flight:  # idle: account for what finished writing meanwhile
                 _settle(sink.collect(), req, offsets, sink, report, metrics)
             # caught up (a poll short of a full batch, none being written): what the burst pinned is let go
@@ -353,10 +437,11 @@ def _field_notes(req, sink, report, metrics) -> None:
     notes = sink.field_notes()
     if not notes:
         return
-    for note in notes:
-        req.notice(f"warning: {note.describe(sink.table.text)}")
-        report.field_notes.append({"kind": note.kind, "field": note.field, "from": note.source or None})
-    metrics.mapping_fields(req.topic, sink.field_counts())
+    for table, note in notes:
+        req.notice(f"warning: {note.describe(table.text)}")
+        report.field_notes.append({"table": table.text, "kind": note.kind, "field": note.field,
+                                   "from": note.source or None})
+    metrics.mapping_fields(report.topic, sink.field_counts())
 
 
 def _stop_reason(req, got: bool, end, report, last_data: float, in_flight: int) -> str | None:
@@ -371,17 +456,17 @@ def _stop_reason(req, got: bool, end, report, last_data: float, in_flight: int) 
     return None
 
 
-def _handle(msgs, req, policy, resolver, offsets, sink, report, metrics) -> None:
+def _handle(msgs, req, policy, keys, offsets, sink, report, metrics) -> None:
     faults.reach("after-poll-before-process")
     batch = None
-    if sink.takes_rows and resolver.kind is None:  # per batch where the batch allows (kdg.batching)
+    if sink.takes_rows and keys.plain:  # per batch where the batch allows (kdg.batching)
         batch = sort_rows(msgs, req.max_bytes, req.require_utf8, must_have_key=policy.dedup)
     if batch is None:
-        batch = _sort(msgs, resolver, req, must_have_key=policy.dedup)
+        batch = _sort(msgs, keys, req, must_have_key=policy.dedup)
     msgs.clear()
     if not offsets.before_write(batch):
         report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
-        metrics.dropped(batch, req.topic, "not-held")
+        metrics.dropped(batch, report.topic, "not-held")
         return
     batch.submitted_at = time.monotonic()
     try:
@@ -389,7 +474,7 @@ def _handle(msgs, req, policy, resolver, offsets, sink, report, metrics) -> None
     except StopRequested:  # stopped while waiting for the Schema Registry, the batch unwritten
         if offsets.mode is CommitMode.BEFORE_PROCESSING:  # its offsets were committed first: lost, and counted
             report.lost_in_outages += batch.good
-            metrics.dropped(batch, req.topic, "registry-outage")
+            metrics.dropped(batch, report.topic, "registry-outage")
         raise
     _settle(outcomes, req, offsets, sink, report, metrics)
 
@@ -401,7 +486,7 @@ def _settle(outcomes, req, offsets, sink, report, metrics) -> None:
         batch, result, error = done.batch, done.result, done.error
         if error is None:
             offsets.after_write(batch)
-            metrics.settled(batch, result, req.topic, time.monotonic() - batch.submitted_at)
+            metrics.settled(batch, result, report.topic, time.monotonic() - batch.submitted_at)
             _account(batch, result, req, report)
         elif isinstance(error, (Fenced, RetryBatch)):
             report.fenced_batches += 1
@@ -432,13 +517,19 @@ def _account(batch, result, req, report) -> None:
     dead_before = report.dead_lettered
     report.dead_lettered += len(batch.dead) + result.dead_lettered
     report.probes_skipped += len(batch.probes)
+    for table, part in result.tables.items():  # per table: where its rows ended
+        entry = report.tables.setdefault(table, {"written": 0, "duplicates": 0, "superseded": 0, "deleted": 0,
+                                                 "filtered": 0, "dead_lettered": 0})
+        for name in ("written", "duplicates", "superseded", "deleted", "filtered"):
+            entry[name] += getattr(part, name)
+        entry["dead_lettered"] += len(part.rejected)
     if report.dead_lettered > dead_before:
         reasons = Counter(report.dead_letter_reasons)
         reasons.update(tally(batch.dead))
         reasons.update(result.dead_reasons)
         report.dead_letter_reasons = dict(reasons.most_common())
         if crossed(dead_before, report.dead_lettered):
-            req.notice(dead_letter_status(report.dead_lettered, report.consumed, reasons, req.topic))
+            req.notice(dead_letter_status(report.dead_lettered, report.consumed, reasons, report.topic))
 
 
 def _wait_for_postgres(exc, batch, req, offsets, sink, report, metrics) -> None:
@@ -467,14 +558,14 @@ def _wait_for_postgres(exc, batch, req, offsets, sink, report, metrics) -> None:
     if not back:  # stopped while waiting; the loop sees the request next
         if offsets.mode is CommitMode.BEFORE_PROCESSING:
             report.lost_in_outages += batch.good
-            metrics.dropped(batch, req.topic, "postgres-outage")
+            metrics.dropped(batch, report.topic, "postgres-outage")
         req.notice(f"stopped while waiting for Postgres ({waited:.1f} s): the batch in flight was not written")
         return
     metrics.not_ready = None if offsets.consumer.assigned else "no partitions assigned"
     again = offsets.resume_after_outage(batch)
     if not again:
         report.lost_in_outages += batch.good
-        metrics.dropped(batch, req.topic, "postgres-outage")
+        metrics.dropped(batch, report.topic, "postgres-outage")
     req.notice(f"Postgres is back after {waited:.1f} s; " + (
         "reading on from the stored offsets" if again else
         f"{batch.good} records of the batch in flight are not written (their offsets were committed first)"))

@@ -63,6 +63,8 @@ class Metrics:
         self.read = Counter("kdg_records_read", "Records read from Kafka.", tp, registry=reg)
         self.written = Counter("kdg_records_written", "Records the sink wrote (rows, or records sent on).", t,
                                registry=reg)
+        self.table_rows = Counter("kdg_table_rows_written", "Rows written, per Postgres table (a pipeline's routes "
+                                  "write several).", g + ["table"], registry=reg)
         self.deduplicated = Counter("kdg_records_deduplicated", "Records exactly-once recognised as already "
                                     "written, and left out.", t, registry=reg)
         self.dead_lettered = Counter("kdg_records_dead_lettered", "Records sent to the dead-letter topic.", t,
@@ -182,13 +184,15 @@ class Metrics:
         if not self.enabled:
             return
         g = self.guarantee
-        read: Tally = Tally(rec.partition for rec, _, _ in batch.dead)
-        read.update(batch.partitions())
+        read: Tally = Tally((rec.topic, rec.partition) for rec, _, *_ in batch.dead)
+        read.update(batch.topic_partitions())
         read.update(batch.probes)
         oldest = batch.first_timestamps
-        for p, n in read.items():
-            self.read.labels(g, topic, str(p)).inc(n)
+        for (t, p), n in read.items():
+            self.read.labels(g, t, str(p)).inc(n)
         self.written.labels(g, topic).inc(result.written)
+        for table, part in result.tables.items():
+            self.table_rows.labels(g, table).inc(part.written)
         self.deduplicated.labels(g, topic).inc(result.duplicates_suppressed)
         self.dead_lettered.labels(g, topic).inc(len(batch.dead) + result.dead_lettered)
         self.superseded.labels(g, topic).inc(result.superseded)
@@ -210,8 +214,8 @@ class Metrics:
     def dropped(self, batch, topic: str, reason: str) -> None:
         if not self.enabled:
             return
-        for p, n in Tally(batch.partitions()).items():
-            self.skipped.labels(self.guarantee, topic, str(p), reason).inc(n)
+        for (t, p), n in Tally(batch.topic_partitions()).items():
+            self.skipped.labels(self.guarantee, t, str(p), reason).inc(n)
 
     def mapping_fields(self, topic: str, counts: dict[str, int]) -> None:
         if self.enabled:

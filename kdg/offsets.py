@@ -22,25 +22,25 @@ from kdg.sinks import Batch
 
 
 class OffsetProtocol:
-    def __init__(self, policy: DeliveryPolicy, consumer: KdgConsumer, sink, topic: str):
+    def __init__(self, policy: DeliveryPolicy, consumer: KdgConsumer, sink):
         self.mode = policy.commit_mode
         self.atomic = self.mode is CommitMode.IN_SINK_TRANSACTION
         if self.atomic and not sink.atomic_offsets:
             raise UsageError(f"{policy.guarantee.value} needs a sink that commits offsets with its results "
                              "(postgres or kafka:TOPIC)")
         self.in_sink = self.atomic and sink.keeps_offsets
-        self.consumer, self.sink, self.topic = consumer, sink, topic
+        self.consumer, self.sink = consumer, sink
 
     def assign(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
         """Where each newly assigned partition starts: the sink's stored offset when it keeps them, else Kafka's."""
-        stored = self.sink.acquire([p.partition for p in partitions]) if self.in_sink else {}
-        return [TopicPartition(p.topic, p.partition,
-                               self.consumer.initial_offset(p, stored.get(p.partition), kdg_owns_offsets=self.in_sink))
+        stored = self.sink.acquire([(p.topic, p.partition) for p in partitions]) if self.in_sink else {}
+        return [TopicPartition(p.topic, p.partition, self.consumer.initial_offset(
+                    p, stored.get((p.topic, p.partition)), kdg_owns_offsets=self.in_sink))
                 for p in partitions]
 
     def revoke(self, partitions: list[TopicPartition]) -> None:
         if self.in_sink:
-            self.sink.release([p.partition for p in partitions])
+            self.sink.release([(p.topic, p.partition) for p in partitions])
 
     def before_write(self, batch: Batch) -> bool:
         """Commit first when the policy says so; False if the partitions are no longer ours (skip the batch)."""
@@ -76,33 +76,34 @@ class OffsetProtocol:
         """
         if self.mode is CommitMode.BEFORE_PROCESSING:
             return False
-        stored = self.sink.stored_offsets() if self.in_sink else {}
-        for (topic, partition), first in batch.first_offsets.items():
-            self.consumer.seek(topic, partition, stored.get(partition, first))
+        stored = self.sink.stored_offsets({t for t, _ in batch.first_offsets}) if self.in_sink else {}
+        for tp, first in batch.first_offsets.items():
+            self.consumer.seek(*tp, stored.get(tp, first))
         return True
 
-    def stored(self, partitions: list[int]) -> dict[int, int | None]:
-        """The group's stored next offset of each partition, wherever the policy keeps them."""
+    def stored(self, topic: str, partitions: list[int]) -> dict[int, int | None]:
+        """The group's stored next offset of each partition of ``topic``, wherever the policy keeps them."""
         if self.in_sink:
-            found = self.sink.stored_offsets()
-            return {p: found.get(p) for p in partitions}
-        return self.consumer.committed(self.topic, partitions)
+            found = self.sink.stored_offsets([topic])
+            return {p: found.get((topic, p)) for p in partitions}
+        return self.consumer.committed(topic, partitions)
 
 
 class TopicEnd:
-    """``-e``: the whole topic is read for this group, not only the partitions this member holds.
+    """``-e``: every topic is read for this group, not only the partitions this member holds.
 
     Held partitions must be at their end; the others (held by nobody yet, by another member, or by
     a dead member whose session has not expired) must have their stored offset at the end, in
     Postgres or Kafka as the policy keeps them. Until then the consumer keeps polling, and picks
-    partitions up when they move to it.
+    partitions up when they move to it. ``topics()`` gives the topics read and their partitions (a
+    pattern's grow as topics appear).
     """
 
     CHECK_EVERY_S = 1.0
 
-    def __init__(self, offsets, consumer, bootstrap, extra, topic, partitions, isolation):
+    def __init__(self, offsets, consumer, bootstrap, extra, topics, isolation):
         self.offsets, self.consumer = offsets, consumer
-        self.bootstrap, self.extra, self.topic, self.partitions = bootstrap, extra, topic, partitions
+        self.bootstrap, self.extra, self.topics = bootstrap, extra, topics
         self.isolation = isolation
         self._checked = 0.0
         self._reader = None
@@ -110,20 +111,25 @@ class TopicEnd:
     def reached(self) -> bool:
         if not self.consumer.held_at_end():
             return False
-        held = {p for _, p in self.consumer.assigned}
-        others = [p for p in self.partitions if p not in held]
+        held = self.consumer.assigned
+        others = {t: [p for p in parts if (t, p) not in held] for t, parts in self.topics().items()}
+        others = {t: parts for t, parts in others.items() if parts}
         if not others:
             return True
         if time.monotonic() - self._checked < self.CHECK_EVERY_S:
             return False
         self._checked = time.monotonic()
-        ends = watermarks(self.bootstrap, self.topic, self.extra, self.isolation)
-        stored = self.offsets.stored(others)
-        behind = {p: stored[p] if stored.get(p) is not None else ends[p][0] for p in others}
-        behind = {p: o for p, o in behind.items() if o < ends[p][1]}
-        return not behind or self._only_markers(behind, ends)
+        behind = {}
+        for topic, parts in others.items():
+            ends = watermarks(self.bootstrap, topic, self.extra, self.isolation)
+            stored = self.offsets.stored(topic, parts)
+            for p in parts:
+                at = stored[p] if stored.get(p) is not None else ends[p][0]
+                if at < ends[p][1]:
+                    behind[topic, p] = (at, ends[p][1])
+        return not behind or self._only_markers(behind)
 
-    def _only_markers(self, positions: dict[int, int], ends) -> bool:
+    def _only_markers(self, positions: dict[tuple[str, int], tuple[int, int]]) -> bool:
         """Whether nothing but transaction markers lies between each stored position and the end.
 
         A transactional producer ends each partition with a commit marker: the group's next offset
@@ -133,12 +139,12 @@ class TopicEnd:
 
         if self._reader is None:
             self._reader = reader(self.bootstrap, self.extra, group="kdg-end-check", isolation=self.isolation)
-        self._reader.assign([TopicPartition(self.topic, p, o) for p, o in positions.items()])
+        self._reader.assign([TopicPartition(t, p, at) for (t, p), (at, _) in positions.items()])
         try:
             if any(m.error() is None for m in self._reader.consume(100, 1.0)):
                 return False
-            return all(self._reader.position([TopicPartition(self.topic, p)])[0].offset >= ends[p][1]
-                       for p in positions)
+            return all(self._reader.position([TopicPartition(t, p)])[0].offset >= end
+                       for (t, p), (_, end) in positions.items())
         finally:
             self._reader.unassign()
 

@@ -161,7 +161,7 @@ def test_claims_dropped_outside_kdg_are_forgotten_said_and_made_again(kdg, conn,
             with Store(dsn) as store:
                 before = claims(store, table)
             writer = subprocess.Popen([sys.executable, "-m", "kdg", "consume", topic, "-G", f"g-{table}", "--table",
-                                       table, *args, "-c", "20", "--idle-timeout", "60", "--pipeline", "0"],
+                                       table, *args, "-c", "20", "--idle-timeout", "60", "--pipeline-depth", "0"],
                                       env=_env(conn) | env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             try:
                 run("produce", topic, "-g", "exactly-once", "--count", "10")

@@ -8,7 +8,7 @@ import uuid
 import confluent_kafka
 import pytest
 
-from kdg.consume import ConsumeRequest, KeyResolver, _sort
+from kdg.consume import ConsumeRequest, Keys, _sort
 from kdg.errors import UsageError
 from kdg.produce import _stamp
 from kdg.records import Record, Uuid7Maker, id_maker, uuid7
@@ -44,7 +44,7 @@ def test_sort_keys_offsets_and_dead_letters():
     req = ConsumeRequest("t", "g", "at-least-once", Connection("b", "d"), max_bytes=10)
     msgs = [_msg(0, 7, headers=[("kdg-id", b"k7")]), _msg(1, 3), _msg(0, 8, value=b"\xff"),
             _msg(1, 4, value=b"x" * 11), _msg(0, 9, headers=[("kdg-id", b"k9")])]
-    batch = _sort(msgs, KeyResolver(None), req, must_have_key=False)
+    batch = _sort(msgs, Keys(req, req.router()), req, must_have_key=False)
     assert [key for _, key in batch.records] == ["k7", "t/1/3", "k9"]  # no key: topic/partition/offset
     assert [reason.split(":")[0] for _, reason, _ in batch.dead] == ["not UTF-8", "oversize"]
     assert batch.first_offsets == {("t", 0): 7, ("t", 1): 3}
@@ -93,7 +93,7 @@ def test_the_per_batch_sort_makes_what_the_per_record_sort_makes(name):
     assert (fast is not None) == taken
     if fast is None:
         return
-    slow = _sort(list(msgs), KeyResolver(None), req, must_have_key=False)
+    slow = _sort(list(msgs), Keys(req, req.router()), req, must_have_key=False)
     assert not slow.dead
     assert fast.rows.columns == SinkRows.of([sink_row(rec, key) for rec, key in slow.records]).columns
     assert (fast.first_offsets, fast.next_offsets, fast.first_timestamps, len(fast)) == \
@@ -110,7 +110,7 @@ def test_the_per_batch_sort_leaves_a_keyless_batch_to_the_general_one_under_exac
 def test_sort_refuses_a_keyless_record_when_keys_are_required():
     req = ConsumeRequest("t", "g", "exactly-once", Connection("b", "d"))
     with pytest.raises(UsageError, match="t/2/5 has no kdg-id header"):
-        _sort([_msg(2, 5)], KeyResolver(None), req, must_have_key=True)
+        _sort([_msg(2, 5)], Keys(req, req.router()), req, must_have_key=True)
 
 
 @pytest.mark.parametrize("make", [uuid7, Uuid7Maker()], ids=["one-off", "maker"])

@@ -117,7 +117,7 @@ def test_sequential_writers_never_reach_the_overlap(kdg, topic, group):
     """The kill point is specific to the overlap: with --pipeline 0, and under at-least-once (which never
     pipelines: its offsets go to Kafka after the write), the same fault never fires."""
     _produce(kdg, topic)
-    for guarantee, extra, g in (("exactly-once", ["--pipeline", 0], group), ("at-least-once", [], f"{group}-alo")):
+    for guarantee, extra, g in (("exactly-once", ["--pipeline-depth", 0], group), ("at-least-once", [], f"{group}-alo")):
         done = kdg(*_consume_args(topic, g, guarantee, "-e", *extra), env={"KDG_FAULT": "pipelined-commit"},
                    check=False)
         assert done.returncode == 0, done.stderr[-2000:]

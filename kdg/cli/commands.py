@@ -248,8 +248,11 @@ def _value_encoder(value_format, schema, topic: str, conn, *, synthetic: bool):
 
 @app.command()
 def consume(
-    topic: Annotated[str, typer.Argument(help="Topic to read.")],
-    group: Annotated[str, typer.Option("--group", "-G", help="Consumer group id.")],
+    topic: Annotated[Optional[list[str]], typer.Argument(help="Topics to read (one or several; or --topic-pattern, "
+                     "or --pipeline FILE's routes).", show_default=False)] = None,
+    group: Annotated[str, typer.Option("--group", "-G", help="Consumer group id.")] = "",
+    topic_pattern: Annotated[Optional[str], typer.Option(help="Read every topic this regular expression matches "
+                             "whole, those created later too (within the client's metadata refresh).")] = None,
     guarantee: GuaranteeOpt = "at-least-once",
     sink: Annotated[str, typer.Option(help="postgres | kafka:OUT_TOPIC | stdout.")] = "postgres",
     table: SinkTable = None,
@@ -274,9 +277,12 @@ def consume(
     transactional_id: Annotated[Optional[str], typer.Option(help="kafka sink, exactly-once: transactional.id.")] = None,
     pg_wait: Annotated[float, typer.Option(help="Seconds to keep reconnecting while Postgres is unreachable, "
                        "restarting or out of connections, before giving up (exit 5).")] = 120.0,
-    pipeline: Annotated[int, typer.Option(help="Exactly-once into Postgres: batches written at once, each on its "
-                        "own connection, while the next is read (0: each batch is written before the next is "
-                        "polled). Offsets stay chained in order.")] = 2,
+    pipeline: Annotated[Optional[str], typer.Option("--pipeline", help="A pipeline file (TOML): [[route]] entries, "
+                        "each taking topics (names or a pattern) into a table or table template, with its mapping. "
+                        "See `kdg pipeline check`.")] = None,
+    pipeline_depth: Annotated[int, typer.Option(help="Exactly-once into Postgres: batches written at once, each on "
+                              "its own connection, while the next is read (0: each batch is written before the next "
+                              "is polled). Offsets stay chained in order.")] = 2,
     dedup_retention: DedupRetention = None,
     max_dead_letters: Annotated[str, typer.Option(help="Stop (exit 7, after committing what was good) once more "
                                 "records than this went to the dead-letter topic: a count (0: at the first), a "
@@ -286,13 +292,18 @@ def consume(
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
-    """Read a topic in a group and write a sink; offsets commit where the guarantee says.
+    """Read topics in a group and write a sink; offsets commit where the guarantee says.
+
+    Several topics, a --topic-pattern, a --table template (mt_{topic}) or a --pipeline file route each
+    topic's records to its table; under exactly-once one transaction per batch holds every table's rows
+    and every partition's offsets.
 
     SIGTERM or SIGINT stops it cleanly: the batch in flight is written and committed, the group is
     left, and it exits 0.
     """
     from kdg.accounting import parse_dead_letter_limit
     from kdg.consume import TOO_MANY_DEAD_LETTERS, ConsumeRequest, load_handler, run_consume
+    from kdg.flow.pipeline_file import PLACEHOLDER_TABLE, load_pipeline
     from kdg.lifecycle import Shutdown
     from kdg.mapping import build_mapping
 
@@ -300,35 +311,42 @@ def consume(
     if fmt not in ("text", "json"):
         raise UsageError("--format must be text or json")
     if not group.strip():
-        raise UsageError("--group must not be empty")
+        raise UsageError("--group (-G) is required, and must not be empty")
+    if pipeline is not None and pipeline.isdigit():  # --pipeline N was the depth before it named a file
+        _notice(f"warning: --pipeline {pipeline} is now --pipeline-depth {pipeline}")
+        pipeline_depth, pipeline = int(pipeline), None
     _check_min(("-c", count, 1), ("--batch-size", batch_size, 1), ("--batch-ms", batch_ms, 1),
                ("--idle-timeout", idle_timeout, 0), ("--max-bytes", max_bytes, 0), ("--pg-wait", pg_wait, 0),
-               ("--pipeline", pipeline, 0))
+               ("--pipeline-depth", pipeline_depth, 0))
     _check_lifecycle(shutdown_timeout, wait_timeout, metrics_port)
     if batch_size > MAX_BATCH:
         raise UsageError(f"--batch-size {batch_size}: at most {MAX_BATCH:,} (what one poll of the Kafka client returns)")
-    if pipeline > 8:
-        raise UsageError(f"--pipeline {pipeline}: at most 8 (each is a Postgres connection; 2 already overlaps "
-                         "reading with writing)")
-    typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
-                          create_table=create_table, envelope=envelope, value_format=value_format,
-                          key_format=key_format)  # a bad mapping is refused before anything is read
+    if pipeline_depth > 8:
+        raise UsageError(f"--pipeline-depth {pipeline_depth}: at most 8 (each is a Postgres connection; 2 already "
+                         "overlaps reading with writing)")
+    routes = load_pipeline(Path(pipeline)) if pipeline is not None else None  # refused before anything is read
+    template = table is not None and "{" in table  # a table per topic: checked as topics are routed
+    typed = build_mapping(file=mapping, columns=column, table=PLACEHOLDER_TABLE if template else table, mode=mode,
+                          on_tombstone=on_tombstone, create_table=create_table, envelope=envelope,
+                          value_format=value_format, key_format=key_format)  # a bad mapping is refused now
     kind = sink.partition(":")[0]
     value_format = _formats(value_format, key_format, typed, "" if kind == "stdout" or (id_from or "").startswith(
         "json:") else f"the {kind} sink keeps each value's bytes as they are; decoding is for a typed sink "
         "(--column or --mapping), --id-from json: or the stdout sink")
-    table = typed.table.text if typed is not None else _sink_table(table)
+    table = table if template else typed.table.text if typed is not None else _sink_table(table)
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
-    bar, progress = _progress(f"consuming {topic}", count, not as_json and sink != "stdout")
+    topics = topic or []
+    shown = ",".join(topics) or topic_pattern or f"--pipeline {pipeline}"
+    bar, progress = _progress(f"consuming {shown}", count, not as_json and sink != "stdout")
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
-        req = ConsumeRequest(topic=topic, group=group, guarantee=guarantee,
+        req = ConsumeRequest(topic=topics, topic_pattern=topic_pattern, routes=routes, group=group, guarantee=guarantee,
                              conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry),
                              sink=sink, table=table, mapping=typed, value_format=value_format, fmt=fmt,
                              # binary values are fine to decode (avro …), keep (raw) or show as base64 envelopes
                              require_utf8=value_format == "json" and not (kind == "stdout" and fmt == "json"), id_from=id_from, count=count,
                              exit_at_end=exit_at_end, idle_timeout=idle_timeout, start=offset, batch_size=batch_size,
                              batch_ms=batch_ms, max_bytes=max_bytes, handler=handler, transactional_id=transactional_id,
-                             progress=progress, pg_wait=pg_wait, pipeline=pipeline, dedup_retention=dedup_retention,
+                             progress=progress, pg_wait=pg_wait, pipeline=pipeline_depth, dedup_retention=dedup_retention,
                              shutdown=shutdown, wait_timeout=wait_timeout, metrics_port=metrics_port,
                              metrics_host=metrics_host, notice=_notice, max_dead_letters=max_dead_letters)
         report = _run_with_bar(bar, run_consume, req)
@@ -336,10 +354,10 @@ def consume(
         print_json(report)
     else:
         out = err_console if sink == "stdout" else console  # keep stdout for the records
-        out.print(key_value_table(f"consume {topic} → {sink} ({report.guarantee})", report.to_dict()))
+        out.print(key_value_table(f"consume {report.topic} → {sink} ({report.guarantee})", report.to_dict()))
     if report.stopped_by == TOO_MANY_DEAD_LETTERS:
         raise CheckFailed(f"stopped: {report.dead_lettered:,} of {report.consumed:,} records read went to "
-                          f"{topic}.dlq, {limit.describe()} (--max-dead-letters {limit.text}); what was good is "
+                          f"{'TOPIC.dlq' if len(topics) != 1 else topics[0] + '.dlq'}, {limit.describe()} (--max-dead-letters {limit.text}); what was good is "
                           "committed. See the reasons above; --max-dead-letters all never stops")
 
 
@@ -511,8 +529,8 @@ def _moment(text: str | None, option: str):
 
 @app.command()
 def audit(
-    topic: Annotated[str, typer.Argument(help="The topic the consumer read (recorded by kdg's producer ledger, "
-                     "or not).")],
+    topic: Annotated[Optional[str], typer.Argument(help="The topic the consumer read (recorded by kdg's producer "
+                     "ledger, or not); none with --pipeline.", show_default=False)] = None,
     group: Annotated[Optional[str], typer.Option("--group", "-G", help="Only rows this group wrote; its stored "
                      "positions tell lost from pending. Default: each group that wrote into the sink, audited "
                      "apart; a sink not split by group (kafka:, a typed table) needs -G when several groups "
@@ -531,6 +549,9 @@ def audit(
                         "deletes account for their keys).")] = None,
     value_format: Annotated[Optional[str], typer.Option(help="With --id-from json: from a topic, the consume's "
                             "--value-format (json, avro, protobuf, json-schema).")] = None,
+    pipeline: Annotated[Optional[Path], typer.Option("--pipeline", help="Audit every route of this pipeline file: "
+                        "each topic a route takes (listed, or matched in the cluster) against the table it "
+                        "resolves to; one line per route.")] = None,
     schema_registry: SchemaRegistry = None,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
@@ -542,6 +563,9 @@ def audit(
     Records left out (outside --since/--until, or whose ledger row or claim expired with its
     retention window) are counted apart as outside_window: never lost, never unexpected.
 
+    With --pipeline FILE (and no TOPIC), each route of the file is audited: every topic it takes against
+    the table it resolves to, one line per route.
+
     Exit 0 when balanced (pending records are not yet read, not lost), 7 when anything was lost,
     duplicated or unexpected (in any group's audit), 2 for a topic neither in Kafka nor in the ledger,
     5 when Kafka or Postgres could not be read.
@@ -549,10 +573,17 @@ def audit(
     from kdg.audit import run_audits
     from kdg.settings import table_name
 
+    if (topic is None) == (pipeline is None):
+        raise UsageError("give the TOPIC to audit, or --pipeline FILE to audit every route of a pipeline"
+                         if topic is None else "--pipeline audits the topics its routes take; give no TOPIC too")
     table_name(table)  # NAME or SCHEMA.NAME, refused before anything is read
     since_at, until_at = _moment(since, "--since"), _moment(until, "--until")
     if since_at and until_at and since_at >= until_at:
         raise UsageError(f"--since {since} is not before --until {until}")
+    if pipeline is not None:
+        return _audit_pipeline(pipeline, _conn(bootstrap, pg_dsn, props, profile, schema_registry), sink, table,
+                               group=group, since=since_at, until=until_at, id_from=id_from, envelope=envelope,
+                               value_format=value_format, as_json=as_json)
     audits = run_audits(topic, _conn(bootstrap, pg_dsn, props, profile, schema_registry), sink=sink, table=table,
                         group=group, since=since_at, until=until_at, id_from=id_from, envelope=envelope,
                         value_format=value_format)
@@ -568,6 +599,31 @@ def audit(
         raise CheckFailed("unbalanced: " + "; ".join(
             (f"group {r.group}: " if several else "") + f"lost {r.lost}, duplicates {r.duplicates}"
             + (f", unexpected {r.unexpected}" if r.truth == "ledger" else "") for r in unbalanced))
+
+
+def _audit_pipeline(path, conn, sink: str, table: str, *, as_json: bool, **options) -> None:
+    """``kdg audit --pipeline FILE``: one line per route; 7 when any route is unbalanced."""
+    from kdg.flow.audit import run_pipeline_audit
+
+    if sink != "postgres" or table != "kdg_events":
+        raise UsageError(f"--pipeline {path}: its routes name their tables; give no --sink or --table too")
+    found = run_pipeline_audit(path, conn, **options)
+    if as_json:
+        print_json(found)
+    else:
+        for route in found.routes:
+            verdict = "[ok]balanced[/ok]" if route.balanced else "[bad]UNBALANCED[/bad]"
+            console.print(f"route {plain(route.route)}: {plain(', '.join(route.topics) or '-')} → "
+                          f"{plain(', '.join(route.tables) or '-')}: lost {route.total('lost')}, duplicates "
+                          f"{route.total('duplicates')}, unexpected {route.total('unexpected')}, pending "
+                          f"{route.total('pending')}, {verdict}", soft_wrap=True)
+            for note in route.notes:
+                console.print(f"  {plain(note)}", style="dim", soft_wrap=True)
+    unbalanced = [r for r in found.routes if not r.balanced]
+    if unbalanced:
+        raise CheckFailed("unbalanced: " + "; ".join(
+            f"route {r.route}: lost {r.total('lost')}, duplicates {r.total('duplicates')}, unexpected "
+            f"{r.total('unexpected')}" for r in unbalanced))
 
 
 def _show_audit(report, title: str) -> None:

@@ -11,7 +11,6 @@ two routes take, or a template that yields no valid table name, is refused for t
 skipped: its records would be lost.
 """
 
-import json
 import re
 from dataclasses import dataclass, field, replace
 
@@ -116,8 +115,10 @@ class Route:
 
 
 def _anchored(pattern: str) -> str:
-    """librdkafka subscribes to a pattern given as ``^…``; a route's pattern matches whole topic names."""
-    return "^" + (pattern[1:] if pattern.startswith("^") else f"(?:{pattern})")
+    """The pattern as librdkafka subscribes to it (``^…``, its own regular expressions: no ``(?…)`` groups),
+    matching whole topic names as the route does."""
+    body = pattern.removeprefix("^").removesuffix("$")
+    return "^(" + re.sub(r"\(\?(?:P<\w+>|:)", "(", body) + ")$"
 
 
 @dataclass(frozen=True)
@@ -167,17 +168,17 @@ class Router:
             raise UsageError(f"topic {topic!r} is taken by no route ({'; '.join(r.describe() for r in self.routes)})")
         return taking[0]
 
-    def target(self, topic: str, first_value: bytes | None = None, decode=None) -> Target:
-        """Where ``topic``'s records go; ``first_value``: one of its records' value (a ``{source.*}`` template
-        reads the table from the event's source block), decoded by ``decode`` (None: JSON)."""
+    def target(self, topic: str, read_source=None) -> Target:
+        """Where ``topic``'s records go. ``read_source()`` gives the source block of one of its events, for a
+        ``{source.*}`` template (None: no event to read it from yet; the target's table is then None)."""
         found = self._targets.get(topic)
         if found is not None:
             return found
         route = self.route(topic)
         if route.per_record:
-            if first_value is None:
+            source = read_source() if read_source is not None else None
+            if source is None:
                 return Target(route, None)
-            source = _source_block(first_value, decode)
             table = route.fill(topic, source)
         else:
             table = route.fill(topic)
@@ -195,12 +196,8 @@ def _overlap(topic: str, a: Route, b: Route) -> str:
             "(narrow a pattern, or list the topic in one route only)")
 
 
-def _source_block(value: bytes, decode) -> dict | None:
-    """A Debezium event's ``source`` block (plain JSON, JsonConverter's ``payload``, or a decoded record)."""
-    try:
-        event = decode(value) if decode is not None else json.loads(value)
-    except Exception:  # an unreadable event names no table; the next one of the topic may
-        return None
+def source_block(event) -> dict | None:
+    """A Debezium event's ``source`` block (the event decoded: plain, or JsonConverter's ``payload``)."""
     if isinstance(event, dict) and "payload" in event and "schema" in event:
         event = event["payload"]
     source = event.get("source") if isinstance(event, dict) else None

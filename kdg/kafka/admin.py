@@ -129,6 +129,12 @@ def topic_names(bootstrap: str, extra: dict | None = None, timeout: float = 10) 
     return sorted(_cluster(bootstrap, extra, timeout).topics)
 
 
+def all_partitions(bootstrap: str, extra: dict | None = None, timeout: float = 10) -> dict[str, list[int]]:
+    """Every topic's partition ids, from one metadata request."""
+    return {name: sorted(t.partitions) for name, t in _cluster(bootstrap, extra, timeout).topics.items()
+            if t.error is None}
+
+
 def active_groups(bootstrap: str, extra: dict | None = None, timeout: float = 10) -> set[str]:
     """The consumer groups that have members now (stable or rebalancing)."""
     from confluent_kafka import ConsumerGroupState

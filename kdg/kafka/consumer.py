@@ -89,16 +89,17 @@ class KdgConsumer:
         self._consumer = new_consumer(config)
         self.eof_partitions: set[tuple[str, int]] = set()
         self.assigned: set[tuple[str, int]] = set()
-        self.ever_assigned: set[int] = set()
+        self.ever_assigned: set[tuple[str, int]] = set()
         self._seen_first_assignment: set[tuple[str, int]] = set()
 
-    def subscribe(self, topic: str, on_assign, on_revoke) -> None:
-        """``on_assign(partitions)`` returns the partitions with the offsets to start from."""
+    def subscribe(self, topics: list[str], on_assign, on_revoke) -> None:
+        """``topics``: names, and patterns as ``^REGEX``; ``on_assign(partitions)`` returns the partitions with
+        the offsets to start from."""
 
         def assigned(consumer, partitions):
             chosen = on_assign(partitions)
             self.assigned |= {(p.topic, p.partition) for p in chosen}
-            self.ever_assigned |= {p.partition for p in chosen}
+            self.ever_assigned |= {(p.topic, p.partition) for p in chosen}
             consumer.assign(chosen)
 
         def revoked(consumer, partitions):
@@ -107,7 +108,11 @@ class KdgConsumer:
             self.eof_partitions -= {(p.topic, p.partition) for p in partitions}
             consumer.unassign()
 
-        self._consumer.subscribe([topic], on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+        try:
+            self._consumer.subscribe(list(topics), on_assign=assigned, on_revoke=revoked, on_lost=revoked)
+        except KafkaException as exc:
+            raise UsageError(f"cannot subscribe to {', '.join(topics)}: {exc.args[0].str()}; a topic pattern must "
+                             "be a regular expression librdkafka reads (no lookarounds or backreferences)") from None
 
     def initial_offset(self, tp: TopicPartition, stored: int | None, kdg_owns_offsets: bool = False) -> int:
         """Where ``tp`` starts: an explicit ``-o`` on its first assignment, else ``stored``.
@@ -145,6 +150,8 @@ class KdgConsumer:
                 self.eof_partitions.discard((msg.topic(), msg.partition()))
             elif err.code() == KafkaError._PARTITION_EOF:
                 self.eof_partitions.add((msg.topic(), msg.partition()))
+            elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART and (msg.topic() or "").startswith("^"):
+                continue  # a pattern nothing matches yet: topics that appear are read as they do
             elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
                                                 KafkaError.GROUP_AUTHORIZATION_FAILED):
                 check(err, "consuming")

@@ -26,9 +26,9 @@ class Batch:
     # the good records as sink rows instead of ``records``, sorted straight from a poll for the generic
     # Postgres sink (kdg.batching): no Record per message
     rows: SinkRows | None = None
-    first_timestamps: dict[int, int] = field(default_factory=dict)  # per partition, its first record's (ms)
-    probes: list[int] = field(default_factory=list)  # the partition of each `kdg doctor` probe record stepped
-    #                                                   over: read, offsets moved on, nothing written
+    first_timestamps: dict[tuple[str, int], int] = field(default_factory=dict)  # per partition, its first record's
+    probes: list[tuple[str, int]] = field(default_factory=list)  # the (topic, partition) of each `kdg doctor` probe
+    #                                                   record stepped over: read, offsets moved on, nothing written
 
     @property
     def good(self) -> int:
@@ -40,6 +40,11 @@ class Batch:
         if self.rows is not None:
             return self.rows.partitions + [rec.partition for rec, _ in self.records]
         return [rec.partition for rec, _ in self.records]
+
+    def topic_partitions(self) -> list[tuple[str, int]]:
+        """The (topic, partition) of each record to write."""
+        found = list(zip(self.rows.columns[1], self.rows.columns[2])) if self.rows is not None else []
+        return found + [(rec.topic, rec.partition) for rec, _ in self.records]
 
     def __len__(self) -> int:
         return self.good + len(self.dead) + len(self.probes)
@@ -72,6 +77,7 @@ class WriteResult:
     deleted: int = 0        # tombstones and change-data-capture deletes applied
     filtered: int = 0       # left out on purpose (a tombstone under on_tombstone = ignore)
     dead_reasons: Counter = field(default_factory=Counter)  # the sink's own dead letters, by reason class
+    tables: dict = field(default_factory=dict)  # table → its share (kdg.store.unit.PartResult): a routed batch
 
 
 def parse_sink(spec: str) -> tuple[str, str | None]:

@@ -77,16 +77,20 @@ def dead_letter_headers(rec: Record, reason: str, key: str | None, group: bytes)
 
 
 class DeadLetterQueue:
-    """A durable (acks=all, idempotent) producer for one DLQ topic, which is created on first use.
+    """A durable (acks=all, idempotent) producer of dead letters: each to its source topic's ``TOPIC.dlq``,
+    created on first use.
 
     The producer is made at once, so a property it cannot take fails the command before any record is read.
     """
 
-    def __init__(self, policy: DeliveryPolicy, bootstrap: str, topic: str, extra: dict, group: str):
-        self.bootstrap, self.topic, self.extra, self.group = bootstrap, dlq_topic(topic), extra, group.encode()
+    def __init__(self, policy: DeliveryPolicy, bootstrap: str, topic: str | None, extra: dict, group: str):
+        """``topic``: the one source topic (Spark's task), or None: each dead letter's own record's."""
+        self.bootstrap, self.extra, self.group = bootstrap, extra, group.encode()
+        self.topic = dlq_topic(topic) if topic is not None else "TOPIC.dlq"  # as errors name it
+        self._fixed = topic
         # failures only: a dead letter Kafka refuses is an error of the batch that sent it (see send)
         self._producer = KdgProducer(policy, bootstrap, extra, role=Role.DEAD_LETTERS, every_report=False)
-        self._topic_ready = False
+        self._ready: set[str] = set()
 
     def send(self, dead: list[tuple], producer=None) -> None:
         """Send ``dead``; through ``producer`` (an open transaction) when given, else durably now: a dead
@@ -98,12 +102,15 @@ class DeadLetterQueue:
         if not dead:
             return
         own = producer is None
-        if not self._topic_ready:
-            ensure_topic(self.bootstrap, self.topic, partitions=1, extra=self.extra)
-            self._topic_ready = True
         target = self._producer if own else producer
+        sent = set()
         for rec, reason, key, *extra in dead:
+            topic = dlq_topic(self._fixed or rec.topic)
+            if topic not in self._ready:
+                ensure_topic(self.bootstrap, topic, partitions=1, extra=self.extra)
+                self._ready.add(topic)
+            sent.add(topic)
             headers = dead_letter_headers(rec, reason, key, self.group)
-            target.send(self.topic, rec.value, rec.key, headers + extra[0] if extra else headers)
+            target.send(topic, rec.value, rec.key, headers + extra[0] if extra else headers)
         if own:
-            self._producer.deliver(f"dead letters to {self.topic}", timeout=60)
+            self._producer.deliver(f"dead letters to {', '.join(sorted(sent))}", timeout=60)

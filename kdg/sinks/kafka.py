@@ -28,11 +28,25 @@ class KafkaSink(Sink):
         self.written_by = (GROUP_HEADER, group.encode())
         # failures only (take_failures): a record Kafka refuses stops the consumer before its offsets move
         self.producer = KdgProducer(policy, bootstrap, extra, transactional_id=transactional_id, every_report=False)
-        ensure_topic(bootstrap, out_topic, partitions=partitions, extra=extra)
+        self._bootstrap, self._extra, self._partitions = bootstrap, extra, partitions
+        self._outs: dict[str, str] = {}  # input topic → its output topic (``kafka:{topic}.out``), made on first use
+        if "{topic}" not in out_topic:
+            ensure_topic(bootstrap, out_topic, partitions=partitions, extra=extra)
+
+    def _out(self, topic: str) -> str:
+        found = self._outs.get(topic)
+        if found is None:
+            found = self.out_topic.replace("{topic}", topic)
+            if found != self.out_topic:
+                ensure_topic(self._bootstrap, found, partitions=self._partitions, extra=self._extra)
+            self._outs[topic] = found
+        return found
 
     def _send(self, batch: Batch) -> None:
-        send, out, mark = self.producer.send, self.out_topic, self.written_by
+        send, mark, topic, out = self.producer.send, self.written_by, None, None
         for rec, _key in batch.records:
+            if rec.topic != topic:
+                topic, out = rec.topic, self._out(rec.topic)
             send(out, rec.value, rec.key, [*rec.headers, mark])  # of a repeated name the last counts
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:

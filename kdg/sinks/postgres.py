@@ -1,59 +1,150 @@
-"""The Postgres sink: rows into a sink table; under exactly-once, dedup and offsets in the same transaction."""
+"""The Postgres sink: each batch's records into their routes' tables, in one transaction with the offsets.
+
+A batch may hold records of several topics. The router (:mod:`kdg.flow.routes`) names each topic's
+table; each table has a :class:`TableWriter` — the generic table (``kdg_events``' shape), or a user's
+table through a mapping (staged, cast by Postgres; a record the mapping cannot read, or a row Postgres
+refuses, goes to the dead-letter topic and the rest of its batch is written). The batch's parts and,
+under exactly-once, its claims and the fenced offsets of every (topic, partition) in it commit in one
+transaction (:mod:`kdg.store.unit`).
+"""
 
 import time
+from dataclasses import dataclass
 
 from kdg import faults
-from kdg.settings import table_name
+from kdg.flow.routes import Router, Target, source_block
 from kdg.sinks import Batch, Outcome, Sink, WriteResult
-from kdg.sinks.dead_letters import DeadLetterQueue
+from kdg.sinks.dead_letters import DeadLetterQueue, refused_row, tally
 from kdg.sinks.pipeline import Pipeline
 from kdg.store.pg import Store
 from kdg.store.rows import SinkRows, sink_row
+from kdg.store.unit import Part
+
+UNROUTED_REASON = "a tombstone of a topic whose table its events name (no event of it read yet)"
+
+
+@dataclass
+class TableWriter:
+    """One table a route resolved to: the generic sink table, or a typed target with its row maker."""
+
+    table: object            # kdg.settings.TableName, the identity Postgres gives it
+    target: object = None    # kdg.store.typed.TypedTarget (None: the generic table)
+    rows: object = None      # kdg.mapping.RowMaker
 
 
 class PostgresSink(Sink):
     atomic_offsets = True   # results and offsets can commit in one transaction
     keeps_offsets = True    # ... and then the offsets live here (kdg_offsets), not in Kafka
-    takes_rows = True       # the generic table's rows: sorted per batch (kdg.batching) where the batch allows
 
-    def __init__(self, dsn: str, table: str, group: str, topic: str, dlq: DeadLetterQueue, handler=None,
-                 pipeline: int = 0):
-        table = table_name(table)  # a malformed name is refused before Postgres is reached
+    def __init__(self, dsn: str, router: Router, group: str, dlq: DeadLetterQueue, handler=None,
+                 pipeline: int = 0, registry: dict[str, str] | None = None, on_table=None):
+        """``pipeline``: exactly-once batches written at once on as many connections (generic routes only);
+        ``on_table(table, topic)``: told of each table as the first topic routed to it is (the claim window)."""
+        self.router, self.group, self.dlq, self.handler = router, group, dlq, handler
+        self.registry, self.on_table = registry, on_table or (lambda store, table, topic, sink: None)
+        self.takes_rows = not router.typed  # the generic table's rows: sorted per batch (kdg.batching)
+        self.fences: dict[tuple[str, int], int] = {}
+        self.stored: dict[tuple[str, int], int | None] = {}  # what the last batch written will store, per partition
+        self.writers: dict[str, TableWriter] = {}  # by table identity
+        self._by_topic: dict[str, TableWriter] = {}
+        self._sources: dict[str, object] = {}  # per route of a {source.*} template: a reader of its events
+        self.windows: list = []  # exactly-once: the tables' claim windows, maintained from here (keep_window)
+        self.partitions_dropped = 0
+        self._maintain_at, self._maintain_every = 0.0, 300.0
+        self._held: list[Outcome] = []  # outcomes drained at a rebalance, handed back with the next ones
         self.store = Store(dsn)
         try:
-            self.table = self.store.ensure_sink_table(table)
-            self._setup(dsn, group, topic, dlq, handler, pipeline)
+            for topic in router.names:  # the listed topics' tables are checked (made) before a record is read
+                self._writer(topic, [])
+            depth = pipeline if not router.typed else 0  # typed batches are written one at a time
+            # exactly-once batches are written on `depth` connections of their own, in turn (kdg.sinks.pipeline)
+            self.pipeline = Pipeline(lambda: Store(dsn), depth) if depth > 0 else None
         except BaseException:
             self.store.close()
             raise
 
-    def _setup(self, dsn, group, topic, dlq, handler, pipeline: int) -> None:
-        self.group, self.topic, self.dlq, self.handler = group, topic, dlq, handler
-        self.fences: dict[int, int] = {}
-        self.stored: dict[int, int | None] = {}  # per partition: the offset the last batch written will store
-        # exactly-once batches are written on `pipeline` connections of their own, in turn (see kdg.sinks.pipeline)
-        self.pipeline = Pipeline(lambda: Store(dsn), pipeline) if pipeline > 0 else None
-        self._held: list[Outcome] = []  # outcomes drained at a rebalance, handed back with the next ones
-        self.window = None  # exactly-once: the table's claim window, maintained from here (keep_window)
-        self.partitions_dropped = 0
-        self._maintain_at = 0.0
+    # -- tables --------------------------------------------------------------------------------
+    def _writer(self, topic: str, records) -> TableWriter | None:
+        """The writer of ``topic``'s table (made on first sight); None while its table cannot be told yet."""
+        found = self._by_topic.get(topic)
+        if found is not None:
+            return found
+        target = self.router.target(topic, lambda: self._source(topic, records))
+        if target.table is None:
+            return None
+        writer = self._open(target, topic)
+        self._by_topic[topic] = writer
+        return writer
+
+    def _open(self, target: Target, topic: str) -> TableWriter:
+        if target.mapping is None:
+            identity = self.store.ensure_sink_table(target.table)
+            writer = self.writers.get(identity.text) or TableWriter(identity)
+        else:
+            from kdg.mapping import RowMaker
+
+            typed, _ = self.store.prepare_typed(target.mapping)  # checked (made) before its records are written
+            identity = typed.mapping.table
+            writer = self.writers.get(identity.text) or TableWriter(identity, typed, RowMaker(
+                typed.mapping, self.registry, watch=True))
+        if identity.text not in self.writers:
+            self.writers[identity.text] = writer
+            self.on_table(self.store, identity, topic, self)
+        return writer
+
+    def _source(self, topic: str, records):
+        """The source block of the first of ``topic``'s records that has one (a ``{source.*}`` template)."""
+        route = self.router.route(topic)
+        reader = self._sources.get(route.name)
+        if reader is None:
+            from kdg.mapping import RowMaker
+
+            reader = self._sources[route.name] = RowMaker(route.mapping, self.registry)._reader
+        for rec, _ in records:
+            if rec.topic == topic and rec.value is not None:
+                try:
+                    found = source_block(reader.document(rec).event)
+                except ValueError:  # unreadable: the record's own write dead-letters it
+                    continue
+                if found is not None:
+                    return found
+        return None
+
+    @property
+    def tables(self) -> list[str]:
+        return list(self.writers)
 
     def keep_window(self, window) -> None:
         """Maintain ``window`` (:class:`kdg.store.windows.Window`) while consuming: at most once per
         partition width (1 s to 5 min), under the database's maintenance lock (another process may hold it)."""
-        self.window = window
-        self._maintain_every = min(300.0, max(1.0, window.width_ms / 1000))
-        self._maintain_at = time.monotonic() + self._maintain_every
+        self.windows.append(window)
+        self._maintain_every = min(self._maintain_every, max(1.0, window.width_ms / 1000))
+        if not self._maintain_at:
+            self._maintain_at = time.monotonic() + self._maintain_every
 
     def maintain_if_due(self) -> list:
-        """Drop the window's expired partitions if it is time; the passes that were skipped (and why)."""
-        if self.window is None or time.monotonic() < self._maintain_at:
+        """Drop the windows' expired partitions if it is time; the passes that were skipped (and why)."""
+        if not self.windows or time.monotonic() < self._maintain_at:
             return []
         self._maintain_at = time.monotonic() + self._maintain_every
-        done = self.store.maintain(relations=[self.window.relation])
+        done = self.store.maintain(relations=[w.relation for w in self.windows])
         self.partitions_dropped += sum(m.dropped for m in done)
         return [m for m in done if m.skipped and "another process" not in m.skipped]
 
+    def field_notes(self) -> list:
+        """What the typed tables' watches found since last asked, as ``(table, note)``."""
+        return [(w.table, note) for w in self.writers.values() if w.rows is not None and w.rows.watch is not None
+                for note in w.rows.watch.news()]
+
+    def field_counts(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for w in self.writers.values():
+            if w.rows is not None and w.rows.watch is not None:
+                for kind, n in w.rows.watch.counts().items():
+                    counts[kind] = counts.get(kind, 0) + n
+        return counts
+
+    # -- connections and partitions ------------------------------------------------------------
     def _stores(self) -> list[Store]:
         """Every connection of this sink: its own, and the pipeline's."""
         return [self.store] + (self.pipeline.stores if self.pipeline is not None else [])
@@ -70,25 +161,26 @@ class PostgresSink(Sink):
         """Rows written without a claim (older than the window), on every connection of this sink."""
         return sum(store.unclaimed for store in self._stores())
 
-    def acquire(self, partitions: list[int]) -> dict[int, int | None]:
-        """Own ``partitions`` (each fence bumped, so an older owner's batches are refused); their stored offsets."""
-        taken = self.store.acquire_partitions(self.group, self.topic, partitions)
-        for p, (fence, stored) in taken.items():
-            self.fences[p] = fence
-            self.stored[p] = stored
-        return {p: stored for p, (_, stored) in taken.items()}
+    def acquire(self, tps: list[tuple[str, int]]) -> dict[tuple[str, int], int | None]:
+        """Own ``tps`` (each fence bumped, so an older owner's batches are refused); their stored offsets."""
+        taken = self.store.acquire(self.group, tps)
+        for tp, (fence, stored) in taken.items():
+            self.fences[tp] = fence
+            self.stored[tp] = stored
+        return {tp: stored for tp, (_, stored) in taken.items()}
 
-    def release(self, partitions: list[int]) -> None:
+    def release(self, tps: list[tuple[str, int]]) -> None:
         if self.pipeline is not None:  # batches of these partitions end before another member takes them
             self._held += self.pipeline.drain()
-        for p in partitions:
-            self.fences.pop(p, None)
-            self.stored.pop(p, None)
+        for tp in tps:
+            self.fences.pop(tp, None)
+            self.stored.pop(tp, None)
 
-    def stored_offsets(self) -> dict[int, int]:
-        found = self.store.stored_offsets(self.group, self.topic)
+    def stored_offsets(self, topics=None) -> dict[tuple[str, int], int]:
+        topics = topics if topics is not None else {t for t, _ in self.fences}
+        found = self.store.stored(self.group, topics) if topics else {}
         if self.pipeline is not None and not self.pipeline.records_in_flight:
-            self.stored.update({p: found.get(p) for p in self.stored})  # what the next batch chains on
+            self.stored.update({tp: found.get(tp) for tp in self.stored})  # what the next batch chains on
         return found
 
     @property
@@ -98,21 +190,22 @@ class PostgresSink(Sink):
             return 0
         return self.pipeline.records_in_flight + sum(len(done.batch) for done in self._held)
 
+    # -- writing -------------------------------------------------------------------------------
     def submit(self, batch: Batch, *, atomic: bool) -> list[Outcome]:
         if self.pipeline is None or not atomic:
             return super().submit(batch, atomic=atomic)
-        rows = _rows(batch)
+        parts, unrouted = self._parts(batch)
         self.dlq.send(batch.dead)  # durable before the rows and offsets that account for them commit
-        offsets = {p: o for (_, p), o in batch.next_offsets.items()}
-        fences = {p: self.fences.get(p, -1) for p in offsets}
-        expected = {p: self.stored.get(p) for p in offsets}
+        offsets = dict(batch.next_offsets)
+        fences = {tp: self.fences.get(tp, -1) for tp in offsets}
+        expected = {tp: self.stored.get(tp) for tp in offsets}
         self.stored.update(offsets)
 
         def write(store: Store, turn) -> WriteResult:
-            written = store.write_exactly_once(self.table, self.group, rows, offsets, self.topic, fences,
-                                               handler=self.handler, before_commit=_at_commit,
-                                               expected=expected, turn=turn)
-            return WriteResult(written, len(rows) - written)
+            done = store.write_unit([p for p, _ in parts], self.group, claim=True, offsets=offsets, fences=fences,
+                                    expected=expected, handler=self.handler, before_commit=_at_commit(True),
+                                    turn=turn)
+            return _result(done, [], unrouted)
 
         return self._finished(self.pipeline.submit(batch, write))
 
@@ -132,18 +225,63 @@ class PostgresSink(Sink):
         return outcomes
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
-        rows = _rows(batch)
+        parts, unrouted = self._parts(batch)
         self.dlq.send(batch.dead)  # durable before the rows and offsets that account for them commit
+        dead: list = []
 
-        if atomic:
-            offsets = {p: o for (t, p), o in batch.next_offsets.items()}
-            fences = {p: self.fences.get(p, -1) for p in offsets}
-            written = self.store.write_exactly_once(self.table, self.group, rows, offsets, self.topic, fences,
-                                                    handler=self.handler, before_commit=_at_commit)
-            return WriteResult(written, len(rows) - written)
-        written = self.store.write_plain(self.table, self.group, rows, handler=self.handler,
-                                         before_commit=lambda: faults.reach("inside-pg-transaction"))
-        return WriteResult(written, 0)
+        def dead_letter(part: Part, result) -> None:  # inside the transaction: durable before it commits
+            records = next(recs for p, recs in parts if p is part)
+            found = (part.rows.dead if part.target is not None else []) + [
+                refused_row(*records[seq], state, message) for seq, state, message in result.rejected]
+            if found:
+                self.dlq.send(found)
+                dead.extend(found)
+
+        offsets = dict(batch.next_offsets) if atomic else None
+        done = self.store.write_unit(
+            [p for p, _ in parts], self.group, claim=atomic, offsets=offsets,
+            fences={tp: self.fences.get(tp, -1) for tp in offsets or ()}, handler=self.handler,
+            dead_letter=dead_letter, before_commit=_at_commit(atomic))
+        return _result(done, dead, unrouted)
+
+    def _parts(self, batch: Batch) -> tuple[list[tuple[Part, list]], int]:
+        """The batch split by table: ``(part, its records)`` each, and how many records no table could take
+        yet (a tombstone of a topic whose table its events name, none read yet: filtered, and counted)."""
+        if batch.rows is not None:  # one poll, sorted per batch: the generic table's rows (kdg.batching)
+            return self._row_parts(batch.rows), 0
+        groups: dict[str, tuple[TableWriter, list]] = {}
+        unrouted = 0
+        for pair in batch.records:
+            topic = pair[0].topic
+            writer = self._by_topic.get(topic) or self._writer(topic, batch.records)
+            if writer is None:
+                unrouted += 1
+                continue
+            entry = groups.get(writer.table.text)
+            if entry is None:
+                entry = groups[writer.table.text] = (writer, [])
+            entry[1].append(pair)
+        parts = []
+        for writer, records in groups.values():
+            if writer.target is None:
+                parts.append((Part(writer.table, SinkRows.of([sink_row(rec, key) for rec, key in records])), records))
+            else:
+                writer.rows.prepare(records)  # a registry that is away is waited for here, not inside the COPY
+                staged = writer.rows.staged(records, keep=self.handler is not None)  # made as the COPY reads them
+                parts.append((Part(writer.table, staged, writer.target), records))
+        return parts, unrouted
+
+    def _row_parts(self, rows: SinkRows) -> list[tuple[Part, list]]:
+        topics = rows.columns[1]
+        writers = {t: self._by_topic.get(t) or self._writer(t, []) for t in set(topics)}
+        if len({w.table.text for w in writers.values()}) <= 1:
+            return [(Part(w.table, rows), []) for w in list(writers.values())[:1]]
+        picks: dict[str, tuple[TableWriter, list[int]]] = {}
+        for i, topic in enumerate(topics):
+            w = writers[topic]
+            picks.setdefault(w.table.text, (w, []))[1].append(i)
+        return [(Part(w.table, SinkRows([[col[i] for i in idx] for col in rows.columns])), [])
+                for w, idx in picks.values()]
 
     def lost_connection(self) -> bool:
         """Whether a failed write means Postgres went away (wait for it) rather than refused something."""
@@ -162,20 +300,28 @@ class PostgresSink(Sink):
 
     def close(self) -> None:
         try:
-            if self.pipeline is not None:
+            if getattr(self, "pipeline", None) is not None:
                 self.pipeline.close()
         finally:
             self.store.close()
 
 
-def _rows(batch: Batch) -> SinkRows:
-    """The batch's rows: as the loop sorted them per batch, or made from its records one by one (a batch is
-    sorted one way or the other; only batches merged to be read again hold both, and they are not written)."""
-    if batch.rows is not None:
-        return batch.rows
-    return SinkRows.of([sink_row(rec, key) for rec, key in batch.records])
+def _result(done: list, dead: list, unrouted: int) -> WriteResult:
+    """The parts' results as one; the per-table counts kept in ``tables``."""
+    result = WriteResult(filtered=unrouted, dead_lettered=len(dead), dead_reasons=tally(dead))
+    for part in done:
+        result.written += part.written
+        result.duplicates_suppressed += part.duplicates
+        result.superseded += part.superseded
+        result.deleted += part.deleted
+        result.filtered += part.filtered
+        result.tables[part.table] = part
+    return result
 
 
-def _at_commit() -> None:
-    faults.reach("inside-pg-transaction")
-    faults.reach("after-process-before-commit")
+def _at_commit(atomic: bool):
+    def reach() -> None:
+        faults.reach("inside-pg-transaction")
+        if atomic:
+            faults.reach("after-process-before-commit")
+    return reach

@@ -27,6 +27,30 @@ class OffsetsMixin:
                RETURNING "partition", fence, next_offset""", group, topic, partitions))
         return {r["partition"]: (r["fence"], r["next_offset"]) for r in rows}
 
+    def acquire(self, group: str, tps) -> dict[tuple[str, int], tuple[int, int | None]]:
+        """:meth:`acquire_partitions` for ``(topic, partition)`` pairs of any topics."""
+        taken = {}
+        for topic, parts in _by_topic(tps).items():
+            taken.update({(topic, p): found for p, found in self.acquire_partitions(group, topic, parts).items()})
+        return taken
+
+    def stored(self, group: str, topics) -> dict[tuple[str, int], int]:
+        """:meth:`stored_offsets` of several topics, keyed ``(topic, partition)``."""
+        rows = self._run(self.conn.fetch(
+            """SELECT topic, "partition", next_offset FROM kdg_offsets
+               WHERE consumer_group = $1 AND topic = ANY($2::text[]) AND next_offset IS NOT NULL""",
+            group, sorted(set(topics))))
+        return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
+
+    async def _move_all_offsets(self, group, next_offsets, fences, expected=None) -> None:
+        """:meth:`_move_offsets` for ``{(topic, partition): next}`` of any topics, topic by topic in name order
+        (two connections moving the same topics lock their rows in one order)."""
+        for topic, parts in sorted(_by_topic(next_offsets).items()):
+            await self._move_offsets(group, topic, {p: next_offsets[topic, p] for p in parts},
+                                     {p: fences.get((topic, p), -1) for p in parts},
+                                     None if expected is None else
+                                     {p: expected[topic, p] for p in parts if (topic, p) in expected})
+
     def stored_offsets(self, group: str, topic: str) -> dict[int, int]:
         rows = self._run(self.conn.fetch(
             """SELECT "partition", next_offset FROM kdg_offsets
@@ -103,3 +127,10 @@ class OffsetsMixin:
                ON CONFLICT (consumer_group, topic, "partition") DO UPDATE
                SET next_offset = GREATEST(kdg_offsets.next_offset, EXCLUDED.next_offset), updated_at = now()""",
             group, topic, parts, [ranges[p][1] for p in parts])
+
+
+def _by_topic(tps) -> dict[str, list[int]]:
+    found: dict[str, list[int]] = {}
+    for topic, partition in tps:
+        found.setdefault(topic, []).append(partition)
+    return found

@@ -28,12 +28,13 @@ from kdg.store.offsets import OffsetsMixin
 from kdg.store.replays import ReplaysMixin
 from kdg.store.rows import staging_table
 from kdg.store.sinks import SinksMixin
+from kdg.store.unit import UnitMixin
 from kdg.store.windows import Window, WindowsMixin, dropped_while_writing, forget_dropped
 
 _STAGE = staging_table()
 
 
-class Store(OffsetsMixin, ClaimsMixin, SinksMixin, ReplaysMixin, LedgerMixin, WindowsMixin):
+class Store(OffsetsMixin, ClaimsMixin, SinksMixin, UnitMixin, ReplaysMixin, LedgerMixin, WindowsMixin):
     """A blocking facade over one asyncpg connection.
 
     This class holds the connection's life (connect, reconnect, close) and raw SQL; what the store

@@ -1,0 +1,108 @@
+"""One batch, many tables: every route's rows (and claims), then every partition's offsets, in ONE transaction.
+
+The consume path's transaction unit. A batch of records from several topics is split by the router
+(:mod:`kdg.flow.routes`) into :class:`Part` s, one per table; :meth:`UnitMixin.write_unit` opens one
+transaction, lets each part write itself (the generic table: claims and COPY; a user's table: staged,
+claimed and cast, :mod:`kdg.store.typed`), calls the ``--handler`` per part with the rows that
+transaction writes, and only then moves the fenced offsets of every (topic, partition) in the batch.
+A kill anywhere inside leaves every table and every offset as they were.
+
+Mixed into :class:`kdg.store.pg.Store`.
+"""
+
+from dataclasses import dataclass, field
+
+from kdg.settings import TableName
+from kdg.store.handler import call_handler
+from kdg.store.rows import GROUP_SINK_COLUMNS, SinkRows
+from kdg.store.typed import TypedResult, TypedTarget, write_batch, written_rows
+
+
+@dataclass
+class PartResult:
+    """Where one part's rows ended (:class:`kdg.sinks.WriteResult`'s fields, for one table)."""
+
+    table: str
+    written: int = 0
+    duplicates: int = 0
+    superseded: int = 0
+    deleted: int = 0
+    filtered: int = 0
+    rejected: list = field(default_factory=list)  # typed: (seq, sqlstate, message) of rows Postgres refused
+
+
+@dataclass
+class Part:
+    """One table's share of a batch: generic ``SinkRows``, or a typed target's staged rows."""
+
+    table: TableName
+    rows: object                      # SinkRows | kdg.mapping.rows.StagedRows
+    target: TypedTarget | None = None  # None: the generic sink table
+
+    async def write(self, store, group: str, claim: bool, keep_written: bool) -> tuple[PartResult, list | None]:
+        """Write inside the open transaction; the result, and (``keep_written``) the rows a handler is given."""
+        conn = store.conn
+        if self.target is None:
+            rows = SinkRows.of(self.rows)
+            if claim:
+                written = set() if keep_written else None
+                count = await store._claim_and_insert(self.table, group, rows, written=written)
+                listed = rows.as_list() if keep_written else None
+                if keep_written and count < len(rows):  # a handler never sees a duplicate
+                    listed = [r for r in listed if (r[0], r[2], r[3]) in written]
+                return PartResult(self.table.text, count, len(rows) - count), listed
+            if rows:
+                await conn.copy_records_to_table(self.table.name, schema_name=self.table.schema,
+                                                 records=rows.grouped(group), columns=GROUP_SINK_COLUMNS)
+            return PartResult(self.table.text, len(rows)), rows.as_list() if keep_written else None
+        window = await store._claim_window(self.target.mapping.table) if claim else None
+        if self.target.stage not in store._stages:  # ISO times without an offset are UTC, in consume and Spark
+            await conn.execute("SET TIME ZONE 'UTC'")
+            await conn.execute(self.target.stage_ddl())
+            store._stages.add(self.target.stage)
+        typed: TypedResult = await write_batch(conn, self.target, self.rows, window=window)
+        store.unclaimed += typed.outside
+        listed = await written_rows(conn, self.target, self.rows, typed) if keep_written else None
+        return PartResult(self.table.text, typed.written, typed.duplicates, typed.superseded, typed.deleted,
+                          typed.filtered, typed.rejected), listed
+
+
+class UnitMixin:
+    """The consume path's one transaction per batch: owns the order "every part, then the offsets"."""
+
+    def write_unit(self, parts: list[Part], group: str, *, claim: bool, offsets=None, fences=None, expected=None,
+                   handler=None, dead_letter=None, before_commit=None, turn=None) -> list[PartResult]:
+        """One transaction: each part written (claimed when ``claim``), then ``offsets`` — ``{(topic, partition):
+        next}`` under ``fences`` (and ``expected``, pipelined) — moved. ``dead_letter(part, result)`` runs
+        before the commit for each part with refused rows or unreadable records, so they are durable before
+        the offsets that account for them move. ``turn``: a pipelined batch's place (:mod:`kdg.sinks.pipeline`)."""
+        return self._run(self._write_unit(parts, group, claim, offsets, fences, expected, handler, dead_letter,
+                                          before_commit, turn))
+
+    async def _write_unit(self, parts, group, claim, offsets, fences, expected, handler, dead_letter,
+                          before_commit, turn) -> list[PartResult]:
+        results = []
+        async with self.conn.transaction():
+            if turn is not None:
+                turn.wait_claims()
+            handed = []
+            for part in parts:
+                result, listed = await part.write(self, group, claim, handler is not None)
+                results.append(result)
+                handed.append(listed)
+                if dead_letter is not None:
+                    dead_letter(part, result)
+            if turn is not None:
+                turn.claimed()
+                turn.wait_update() if handler is None else turn.wait_ended()
+            if handler is not None:  # per table, the rows this transaction writes: never a duplicate
+                for listed in handed:
+                    if listed is not None:
+                        await call_handler(handler, listed, self.conn)
+            if offsets:
+                await self._move_all_offsets(group, offsets, fences, expected)
+            if turn is not None:
+                turn.updated()
+            if before_commit is not None:
+                before_commit()
+        return results
