@@ -300,7 +300,8 @@ def _consume(req: ConsumeRequest, policy, kind: str, router: Router, keys: Keys,
     topics.wait()  # listed topics must exist; a pattern's may come later
     # a member killed inside a Kafka sink's transaction holds the group's offsets until Kafka aborts it: waited for
     consumer = KdgConsumer(policy, bootstrap, req.group, extra, start, eof=req.exit_at_end,
-                           offsets_wait_s=max(30.0, req.wait_timeout), stop=req.shutdown.check)
+                           offsets_wait_s=max(30.0, req.wait_timeout), stop=req.shutdown.check,
+                           patterns=any(r.pattern for r in router.routes))
     sink = None
     try:
         dlq = DeadLetterQueue(policy, bootstrap, None, extra, req.group)  # each to its source topic's TOPIC.dlq
@@ -339,6 +340,8 @@ def _consume(req: ConsumeRequest, policy, kind: str, router: Router, keys: Keys,
                 metrics.forget(topic, parts)
             metrics.not_ready = None if held > 0 else "no partitions assigned"
 
+        # a pipeline of several topics continues those it has positions for, and starts the others at -o
+        consumer.stored_wins = len(router.subscription()) > 1 or any(r.pattern for r in router.routes)
         consumer.subscribe(router.subscription(), on_assign=on_assign, on_revoke=on_revoke)
         end = TopicEnd(offsets, consumer, bootstrap, extra, topics.current, policy.isolation_level)
         try:
@@ -351,6 +354,8 @@ def _consume(req: ConsumeRequest, policy, kind: str, router: Router, keys: Keys,
         report.never_assigned = [p if len(topics.partitions) == 1 else f"{t}/{p}" for t, p in never]
         consumer.close()  # leaves the group: its partitions move to the others at once
         if sink is not None:
+            for table, writer in getattr(sink, "writers", {}).items():  # each table, with the route that writes it
+                report.tables.setdefault(table, _table_entry())["route"] = writer.route
             report.outside_dedup_window = sink.unclaimed()
             report.claim_partitions_dropped = sink.partitions_dropped
             sink.close()
@@ -518,8 +523,7 @@ def _account(batch, result, req, report) -> None:
     report.dead_lettered += len(batch.dead) + result.dead_lettered
     report.probes_skipped += len(batch.probes)
     for table, part in result.tables.items():  # per table: where its rows ended
-        entry = report.tables.setdefault(table, {"written": 0, "duplicates": 0, "superseded": 0, "deleted": 0,
-                                                 "filtered": 0, "dead_lettered": 0})
+        entry = report.tables.setdefault(table, _table_entry())
         for name in ("written", "duplicates", "superseded", "deleted", "filtered"):
             entry[name] += getattr(part, name)
         entry["dead_lettered"] += len(part.rejected)
@@ -530,6 +534,11 @@ def _account(batch, result, req, report) -> None:
         report.dead_letter_reasons = dict(reasons.most_common())
         if crossed(dead_before, report.dead_lettered):
             req.notice(dead_letter_status(report.dead_lettered, report.consumed, reasons, report.topic))
+
+
+def _table_entry(route: str = "") -> dict:
+    return {"route": route, "written": 0, "duplicates": 0, "superseded": 0, "deleted": 0, "filtered": 0,
+            "dead_lettered": 0}
 
 
 def _wait_for_postgres(exc, batch, req, offsets, sink, report, metrics) -> None:

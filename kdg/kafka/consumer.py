@@ -75,21 +75,28 @@ class StartOffset:
                                                                         if self.absolute is not None else OFFSET_STORED)
 
 
+PATTERN_REFRESH_MS = 5_000  # a pattern's new topics are found within this (a -X property of that name wins)
+
+
 class KdgConsumer:
     """A group consumer bound to one delivery policy; kdg alone decides when offsets commit."""
 
     def __init__(self, policy: DeliveryPolicy, bootstrap: str, group: str, extra: dict | None = None,
                  start: StartOffset | None = None, eof: bool = False, offsets_wait_s: float = 30,
-                 stop: Callable[[], bool] | None = None):
+                 stop: Callable[[], bool] | None = None, patterns: bool = False):
+        """``patterns``: topics are subscribed to by pattern too; the cluster's topics are then looked at every
+        :data:`PATTERN_REFRESH_MS` (librdkafka's default is 5 minutes) so that a new topic is read soon."""
         self.policy = policy
         self.offsets_wait_s, self._stop = offsets_wait_s, stop  # how long, and until what, committed() waits
         self.start = start or StartOffset()
         config = client_config(Role.CONSUMER, bootstrap, extra, policy, **{
-            "group.id": group, "auto.offset.reset": self.start.reset, "enable.partition.eof": eof})
+            "group.id": group, "auto.offset.reset": self.start.reset, "enable.partition.eof": eof,
+            **({"topic.metadata.refresh.interval.ms": PATTERN_REFRESH_MS} if patterns else {})})
         self._consumer = new_consumer(config)
         self.eof_partitions: set[tuple[str, int]] = set()
         self.assigned: set[tuple[str, int]] = set()
         self.ever_assigned: set[tuple[str, int]] = set()
+        self.stored_wins = False  # several topics: -o is for partitions without a stored position (initial_offset)
         self._seen_first_assignment: set[tuple[str, int]] = set()
 
     def subscribe(self, topics: list[str], on_assign, on_revoke) -> None:
@@ -118,12 +125,15 @@ class KdgConsumer:
         """Where ``tp`` starts: an explicit ``-o`` on its first assignment, else ``stored``.
 
         With no stored offset: Kafka's committed offset, or when kdg keeps offsets outside Kafka
-        (``kdg_owns_offsets``), the reset position.
+        (``kdg_owns_offsets``), the reset position. Reading several topics (:attr:`stored_wins`), a
+        partition the group has a position for continues from it, and ``-o`` is where the others start.
         """
         key = (tp.topic, tp.partition)
         first = key not in self._seen_first_assignment
         self._seen_first_assignment.add(key)
-        if first and self.start.explicit():
+        if first and self.stored_wins and self.start.explicit() and not kdg_owns_offsets and stored is None:
+            stored = self.committed(tp.topic, [tp.partition]).get(tp.partition)
+        if first and self.start.explicit() and not (self.stored_wins and stored is not None):
             if self.start.timestamp is not None:
                 found = self._consumer.offsets_for_times([TopicPartition(tp.topic, tp.partition, self.start.timestamp)],
                                                          timeout=10)[0]

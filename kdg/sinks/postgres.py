@@ -28,6 +28,7 @@ class TableWriter:
     """One table a route resolved to: the generic sink table, or a typed target with its row maker."""
 
     table: object            # kdg.settings.TableName, the identity Postgres gives it
+    route: str               # the name of the route that writes it
     target: object = None    # kdg.store.typed.TypedTarget (None: the generic table)
     rows: object = None      # kdg.mapping.RowMaker
 
@@ -79,13 +80,13 @@ class PostgresSink(Sink):
     def _open(self, target: Target, topic: str) -> TableWriter:
         if target.mapping is None:
             identity = self.store.ensure_sink_table(target.table)
-            writer = self.writers.get(identity.text) or TableWriter(identity)
+            writer = self.writers.get(identity.text) or TableWriter(identity, target.route.name)
         else:
             from kdg.mapping import RowMaker
 
             typed, _ = self.store.prepare_typed(target.mapping)  # checked (made) before its records are written
             identity = typed.mapping.table
-            writer = self.writers.get(identity.text) or TableWriter(identity, typed, RowMaker(
+            writer = self.writers.get(identity.text) or TableWriter(identity, target.route.name, typed, RowMaker(
                 typed.mapping, self.registry, watch=True))
         if identity.text not in self.writers:
             self.writers[identity.text] = writer

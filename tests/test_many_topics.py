@@ -1,0 +1,34 @@
+"""Many topics into many tables in one `kdg consume`: patterns, templates, positions per topic."""
+
+import time
+import uuid
+
+from conftest import as_json, audited
+
+
+def test_a_pattern_reads_a_topic_created_later_and_keeps_positions_it_has(kdg, kdg_spawn, group):
+    """Topic A was read by the group before; the pattern's run continues A from there (a -o beginning on A
+    would write A's first records again: at-least-once keeps every duplicate), starts B, created only once
+    the run is going, at -o, and routes each to its table by the template."""
+    prefix = f"mt{uuid.uuid4().hex[:8]}"
+    a, b = f"{prefix}.a", f"{prefix}.b"
+    kdg("produce", a, "-g", "exactly-once", "--count", 300)
+    kdg("consume", a, "-G", group, "--table", f"{prefix}_a", "-e")
+    kdg("produce", a, "-g", "exactly-once", "--count", 100)
+
+    run = kdg_spawn("consume", "--topic-pattern", rf"{prefix}\.(\w)", "-G", group, "--table", prefix + "_{1}",
+                    "-o", "beginning", "--idle-timeout", 12, "--json")
+    try:
+        time.sleep(4)  # subscribed, A's partitions assigned and read
+        kdg("produce", b, "-g", "exactly-once", "--count", 200)
+        out, err = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    report = as_json(type("P", (), {"stdout": out}))
+    assert report["consumed"] == 300, report  # A's 100 new records and all of B's, once
+    assert {t: e["written"] for t, e in report["tables"].items()} == {f"public.{prefix}_a": 100,
+                                                                     f"public.{prefix}_b": 200}
+    for topic, table in ((a, f"{prefix}_a"), (b, f"{prefix}_b")):
+        found = audited(kdg, topic, "--table", table, "-G", group)
+        assert (found["lost"], found["duplicates"], found["pending"]) == (0, 0, 0), found
