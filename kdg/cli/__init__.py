@@ -30,7 +30,7 @@ if _AS_PROGRAM:
 
 import typer  # noqa: E402  (after the handlers: importing it is most of the start-up)
 
-from kdg.cli import chaos, db, mapping, stack
+from kdg.cli import chaos, db, mapping, pipeline, stack
 from kdg.errors import KdgError
 
 app = typer.Typer(
@@ -44,6 +44,7 @@ app.add_typer(stack.app, name="stack")
 app.add_typer(chaos.app, name="chaos")
 app.add_typer(db.app, name="db")
 app.add_typer(mapping.app, name="mapping")
+app.add_typer(pipeline.app, name="pipeline")
 
 
 def _register() -> None:

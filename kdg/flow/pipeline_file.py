@@ -43,7 +43,11 @@ def load_pipeline(path: Path) -> Router:
     entries = doc.get("route")
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise UsageError(f"--pipeline {path}: give one or more [[route]] entries")
-    return Router([_route(path, i, entry) for i, entry in enumerate(entries, 1)])
+    routes = [_route(path, i, entry) for i, entry in enumerate(entries, 1)]
+    try:
+        return Router(routes)
+    except UsageError as exc:  # two routes listing one topic, or named alike
+        raise UsageError(f"--pipeline {path}: {exc}") from None
 
 
 def _route(path: Path, index: int, entry: dict) -> Route:
