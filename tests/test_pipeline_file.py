@@ -78,6 +78,13 @@ def test_a_bad_pipeline_file_is_one_error_line_and_exit_2(tmp_path, name, comman
         assert part in line, line
 
 
+def test_a_pattern_librdkafka_cannot_subscribe_to_is_refused_by_the_check(tmp_path):
+    path = tmp_path / "pipeline.toml"
+    path.write_text(route("no-dead-letters", "t", pattern=r"shop\..*(?<!\.dlq)"))
+    line = error_line(offline_kdg("pipeline", "check", str(path), "--offline"))
+    assert "no-dead-letters: topic pattern" in line and "cannot read '(?<!'" in line
+
+
 def test_audit_takes_a_topic_or_a_pipeline_never_both_nor_neither(tmp_path):
     path = tmp_path / "pipeline.toml"
     path.write_text(route("r", "t", ["orders"]))
@@ -164,7 +171,7 @@ def test_the_file_names_itself_in_an_overlap(tmp_path):
 # -- on the stack ----------------------------------------------------------------------------------------
 def test_check_against_the_cluster_names_each_topics_table_and_refuses_what_it_must(kdg, conn, tmp_path):
     tag = uuid.uuid4().hex[:8]
-    for suffix in ("a", "b"):
+    for suffix in ("a", "b", "dl.dlq"):
         ensure_topic(conn.bootstrap_servers, f"pl-{tag}-{suffix}", partitions=1)
     cdc_topic = f"pl-{tag}-cdc"
     events = tmp_path / "events.jsonl"
@@ -174,14 +181,17 @@ def test_check_against_the_cluster_names_each_topics_table_and_refuses_what_it_m
     good.write_text(route("ab", f"pl_{tag}_{{1}}", pattern=f"pl-{tag}-(a|b)")
                     + route("cdc", f"{{source.table}}_{tag}", [cdc_topic])
                     + 'envelope = "debezium"\ncreate_table = true\nkey = "id"\n' + CDC_COLUMNS
-                    + route("later", "later", pattern=f"pl-{tag}-later-.*"))
+                    + route("later", "later", pattern=f"pl-{tag}-later-.*")
+                    + route("dl", f"dl_{tag}", pattern=f"pl-{tag}-dl.*"))
     report = as_json(kdg("pipeline", "check", good, "--json"))
     tables = {t["topic"]: (t["table"], t["table_state"]) for r in report["routes"] for t in r["topics"]}
     assert tables == {f"pl-{tag}-a": (f"pl_{tag}_a", "created on first write"),
                       f"pl-{tag}-b": (f"pl_{tag}_b", "created on first write"),
-                      cdc_topic: (f"customers_{tag}", "would be created")}
-    later = next(r for r in report["routes"] if r["name"] == "later")
-    assert later["topics"] == [] and "not an error" in later["notes"][0] and report["ok"]
+                      cdc_topic: (f"customers_{tag}", "would be created"),
+                      f"pl-{tag}-dl.dlq": (f"dl_{tag}", "created on first write")}
+    notes = {r["name"]: r["notes"] for r in report["routes"]}
+    assert "not an error" in notes["later"][0] and report["ok"]
+    assert "takes dead-letter topics too" in notes["dl"][0]  # said, not refused: a pattern may mean them
 
     overlap = tmp_path / "overlap.toml"
     overlap.write_text(route("ab", "x", pattern=f"pl-{tag}-(a|b)") + route("bee", "y", pattern=f"pl-{tag}-b"))
