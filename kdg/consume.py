@@ -323,6 +323,7 @@ def _consume(req: ConsumeRequest, policy, kind: str, router: Router, keys: Keys,
         offsets = OffsetProtocol(policy, consumer, sink)
 
         def on_assign(assigned):
+            assigned = [p for p in assigned if router.takes(p.topic)]  # never a TOPIC.dlq a pattern matched
             not_streamed([(p.topic, p.partition) for p in assigned])
             chosen = offsets.assign(assigned)
             faults.reach("during-rebalance")  # partitions taken (fences bumped), not yet fetching

@@ -250,7 +250,7 @@ def _value_encoder(value_format, schema, topic: str, conn, *, synthetic: bool):
 def consume(
     topic: Annotated[Optional[list[str]], typer.Argument(help="Topics to read (one or several; or --topic-pattern, "
                      "or --pipeline FILE's routes).", show_default=False)] = None,
-    group: Annotated[str, typer.Option("--group", "-G", help="Consumer group id.")] = "",
+    group: Annotated[str, typer.Option("--group", "-G", help="Consumer group id.")] = ...,
     topic_pattern: Annotated[Optional[str], typer.Option(help="Read every topic this regular expression matches "
                              "whole, those created later too (within the client's metadata refresh).")] = None,
     guarantee: GuaranteeOpt = "at-least-once",
@@ -311,7 +311,7 @@ def consume(
     if fmt not in ("text", "json"):
         raise UsageError("--format must be text or json")
     if not group.strip():
-        raise UsageError("--group (-G) is required, and must not be empty")
+        raise UsageError("--group must not be empty")
     if pipeline is not None and pipeline.isdigit():  # --pipeline N was the depth before it named a file
         _notice(f"warning: --pipeline {pipeline} is now --pipeline-depth {pipeline}")
         pipeline_depth, pipeline = int(pipeline), None
@@ -361,15 +361,25 @@ def consume(
                           "committed. See the reasons above; --max-dead-letters all never stops")
 
 
+SparkTopicPattern = Annotated[Optional[str], typer.Option(
+    help="Read every topic this regular expression matches whole (spark-stream: those created later too).")]
+SparkPipeline = Annotated[Optional[Path], typer.Option(
+    "--pipeline", help="A pipeline file (TOML): [[route]] entries, each taking topics (names or a pattern) into a "
+    "table or table template, with its mapping. See `kdg pipeline check`.")]
+
+
 @app.command("spark-replay")
 def spark_replay(
-    topic: Annotated[str, typer.Argument(help="Topic to replay.")],
+    topic: Annotated[Optional[list[str]], typer.Argument(help="Topics to replay (one or several, each with its own "
+                     "range; or --topic-pattern, or --pipeline FILE's routes).", show_default=False)] = None,
     guarantee: GuaranteeOpt = "exactly-once",
     group: Annotated[str, typer.Option("--group", "-G", help="Whose stored offsets `stored` means, and which "
                      "ones a finished replay advances.")] = "kdg-spark-replay",
     start: Annotated[str, typer.Option("--from", help="earliest | latest | stored | P:OFFSET,… | "
-                     "@2026-11-22T10:00:00 (UTC) | @MILLIS.")] = "earliest",
+                     "@2026-11-22T10:00:00 (UTC) | @MILLIS; the same on each topic.")] = "earliest",
     end: Annotated[str, typer.Option("--to", help="Exclusive end, same forms as --from.")] = "latest",
+    topic_pattern: SparkTopicPattern = None,
+    pipeline: SparkPipeline = None,
     table: SinkTable = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None, envelope: Envelope = None,
@@ -385,7 +395,10 @@ def spark_replay(
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
-    """Replay a Kafka range into Postgres with Spark; exactly-once adds each idempotency key once, however often it runs.
+    """Replay Kafka ranges into Postgres with Spark; exactly-once adds each idempotency key once, however often it runs.
+
+    Several topics (or a --topic-pattern) are replayed in one Spark job, each with its own range and
+    into the table its route names (--table mt_{topic}, or --pipeline FILE).
 
     SIGTERM or SIGINT cancels the Spark job (its open Postgres transactions roll back), records the
     replay failed and exits 143 or 130; the same command finishes it later.
@@ -393,34 +406,29 @@ def spark_replay(
     from rich.table import Table
 
     from kdg.lifecycle import Shutdown
-
-    from kdg.mapping import build_mapping
     from kdg.replay import ReplayRequest, run_spark_replay
     from kdg.settings import parse_properties
 
     def show_range(ranges) -> None:
         if as_json:
             return
-        shown = Table(title=f"replaying {topic} ({sum(e - s for s, e in ranges.values())} offsets)",
-                      title_justify="left")
-        for col in ("partition", "from", "to (exclusive)", "offsets"):
+        shown = Table(title=f"replaying {', '.join(ranges)} "
+                      f"({sum(e - s for r in ranges.values() for s, e in r.values())} offsets)", title_justify="left")
+        for col in ("topic", "partition", "from", "to (exclusive)", "offsets"):
             shown.add_column(col, justify="right")
-        for p, (s, e) in sorted(ranges.items()):
-            shown.add_row(str(p), str(s), str(e), str(e - s))
+        for t, r in ranges.items():
+            for p, (s, e) in sorted(r.items()):
+                shown.add_row(t, str(p), str(s), str(e), str(e - s))
         err_console.print(shown)
 
-    typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
-                          create_table=create_table, envelope=envelope, value_format=value_format,
-                          key_format=key_format)
-    _formats(value_format, key_format, typed, "" if (id_from or "").startswith("json:") else
-             "the generic sink keeps each value's bytes as they are; decoding is for a typed sink (--column or "
-             "--mapping) or --id-from json:")
+    routes, typed, table = _spark_routes(pipeline, table, column, mapping, mode, on_tombstone, create_table,
+                                         envelope, value_format, key_format, id_from)
     _check_lifecycle(shutdown_timeout, wait_timeout, None)
     bar, tasks_done = _progress("spark tasks", None, not as_json)
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
-        req = ReplayRequest(topic=topic, guarantee=guarantee,
+        req = ReplayRequest(topic=topic or [], topic_pattern=topic_pattern, routes=routes, guarantee=guarantee,
                             conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry), value_format=value_format,
-                            group=group, start=start, end=end, table=_sink_table(table), mapping=typed,
+                            group=group, start=start, end=end, table=table, mapping=typed,
                             master=master, id_from=id_from, chunk_rows=chunk_rows, dedup_retention=dedup_retention,
                             beyond_dedup_window=beyond_dedup_window,
                             spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"),
@@ -431,24 +439,28 @@ def spark_replay(
     if as_json:
         print_json(report)
     else:
-        rows = {k: v for k, v in report.to_dict().items() if k != "partitions"}
-        console.print(key_value_table(f"spark-replay {topic} → {report.table} ({report.guarantee})", rows))
+        rows = {k: v for k, v in report.to_dict().items() if k not in ("partitions", "tables")}
+        console.print(key_value_table(f"spark-replay {report.topic} → {report.table} ({report.guarantee})", rows))
+        _show_spark_tables(report.tables)
 
 
 @app.command("spark-stream")
 def spark_stream(
-    topic: Annotated[str, typer.Argument(help="Topic to stream.")],
+    topic: Annotated[Optional[list[str]], typer.Argument(help="Topics to stream (one or several; or "
+                     "--topic-pattern, or --pipeline FILE's routes).", show_default=False)] = None,
     group: Annotated[str, typer.Option("--group", "-G", help="The group whose positions the stream starts from "
                      "(without a checkpoint) and stores: kdg_offsets under exactly-once, Kafka's committed offsets "
-                     "under at-least-once.")],
+                     "under at-least-once.")] = "",
     guarantee: GuaranteeOpt = "exactly-once",
+    topic_pattern: SparkTopicPattern = None,
+    pipeline: SparkPipeline = None,
     table: SinkTable = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None, envelope: Envelope = None,
     value_format: ValueFormat = None, key_format: KeyFormat = None, schema_registry: SchemaRegistry = None,
     master: SparkMaster = "local[*]",
     checkpoint: Annotated[Optional[str], typer.Option(help="Spark's checkpoint directory or URI (default: under "
-                          "the state dir, one per group and topic); on a cluster, a path every node sees.")] = None,
+                          "the state dir, one per group and topics); on a cluster, a path every node sees.")] = None,
     trigger: Annotated[str, typer.Option(help="How often a micro-batch starts: an interval (500ms, 2s, 1m), or "
                        "available-now to write what is there and stop.")] = "1s",
     max_per_batch: Annotated[Optional[int], typer.Option(help="At most this many records per micro-batch "
@@ -463,14 +475,16 @@ def spark_stream(
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
-    """Stream a topic into Postgres with Spark Structured Streaming, under the same guarantee as kdg consume.
+    """Stream topics into Postgres with Spark Structured Streaming, under the same guarantee as kdg consume.
+
+    Several topics, a --topic-pattern (topics created later too) or --pipeline FILE route each record
+    to its table (--table mt_{topic}).
 
     One line per micro-batch (with --json, one JSON object per line, then the report). SIGTERM or
     SIGINT lets the batch in flight finish, stops the query and exits 0; the next run goes on from
     the checkpoint.
     """
     from kdg.lifecycle import Shutdown
-    from kdg.mapping import build_mapping
     from kdg.settings import parse_properties
     from kdg.spark.stream import StreamRequest, run_spark_stream
 
@@ -478,12 +492,8 @@ def spark_stream(
         raise UsageError("--group must not be empty")
     _check_min(("--chunk-rows", chunk_rows, 1), ("--max-per-batch", max_per_batch, 1), ("--pg-wait", pg_wait, 0))
     _check_lifecycle(shutdown_timeout, wait_timeout, None)
-    typed = build_mapping(file=mapping, columns=column, table=table, mode=mode, on_tombstone=on_tombstone,
-                          create_table=create_table, envelope=envelope, value_format=value_format,
-                          key_format=key_format)
-    _formats(value_format, key_format, typed, "" if (id_from or "").startswith("json:") else
-             "the generic sink keeps each value's bytes as they are; decoding is for a typed sink (--column or "
-             "--mapping) or --id-from json:")
+    routes, typed, table = _spark_routes(pipeline, table, column, mapping, mode, on_tombstone, create_table,
+                                         envelope, value_format, key_format, id_from)
 
     def on_batch(b) -> None:
         if as_json:
@@ -496,10 +506,11 @@ def spark_stream(
                           f"lag {lag}{again}", markup=False, highlight=False, soft_wrap=True)
 
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
-        req = StreamRequest(topic=topic, group=group, guarantee=guarantee,
-                            conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry), value_format=value_format,
-                            table=_sink_table(table), mapping=typed, master=master, checkpoint=checkpoint,
-                            trigger=trigger, max_per_batch=max_per_batch, id_from=id_from, chunk_rows=chunk_rows,
+        req = StreamRequest(topic=topic or [], topic_pattern=topic_pattern, routes=routes, group=group,
+                            guarantee=guarantee, conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry),
+                            value_format=value_format, table=table, mapping=typed, master=master,
+                            checkpoint=checkpoint, trigger=trigger, max_per_batch=max_per_batch, id_from=id_from,
+                            chunk_rows=chunk_rows,
                             spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"),
                             dedup_retention=dedup_retention, pg_wait=pg_wait, shutdown=shutdown,
                             wait_timeout=wait_timeout, on_batch=on_batch,
@@ -508,8 +519,37 @@ def spark_stream(
     if as_json:
         print_json(report, compact=True)  # the last line of the stream: the report
     else:
-        console.print(key_value_table(f"spark-stream {topic} → {report.table} ({report.guarantee})",
-                                      report.to_dict()))
+        console.print(key_value_table(f"spark-stream {report.topic} → {report.table} ({report.guarantee})",
+                                      {k: v for k, v in report.to_dict().items() if k != "tables"}))
+        _show_spark_tables(report.tables)
+
+
+def _spark_routes(pipeline, table, column, mapping, mode, on_tombstone, create_table, envelope, value_format,
+                  key_format, id_from):
+    """The Spark commands' routes from the command line: ``--pipeline``'s (refused now if malformed), or the mapping
+    (built on the template's placeholder table when ``--table`` is a template) and the table."""
+    from kdg.flow.pipeline_file import PLACEHOLDER_TABLE, load_pipeline
+    from kdg.mapping import build_mapping
+
+    routes = load_pipeline(pipeline) if pipeline is not None else None
+    template = table is not None and "{" in table
+    typed = build_mapping(file=mapping, columns=column, table=PLACEHOLDER_TABLE if template else table, mode=mode,
+                          on_tombstone=on_tombstone, create_table=create_table, envelope=envelope,
+                          value_format=value_format, key_format=key_format)
+    _formats(value_format, key_format, typed, "" if (id_from or "").startswith("json:") else
+             "the generic sink keeps each value's bytes as they are; decoding is for a typed sink (--column or "
+             "--mapping) or --id-from json:")
+    return routes, typed, table if template else typed.table.text if typed is not None else _sink_table(table)
+
+
+def _show_spark_tables(tables: dict) -> None:
+    """Several tables: one line each (its route, topics and rows written)."""
+    if len(tables) < 2:
+        return
+    for name, entry in tables.items():
+        console.print(f"  {name} ← {', '.join(entry['topics'])} ({entry['route']}): {entry.get('rows_written', 0):,} "
+                      f"written, {entry.get('duplicates_dropped', 0):,} duplicates dropped, "
+                      f"{entry.get('dead_lettered', 0):,} dead-lettered", markup=False, highlight=False)
 
 
 def _moment(text: str | None, option: str):

@@ -18,7 +18,6 @@ from kdg.flow.routes import Route, Router, source_block
 from kdg.settings import Connection, redact_dsn
 
 FROM_EVENTS = "from each topic's first event"
-DEAD_LETTERS = ".dlq"  # kdg.sinks.dead_letters.dlq_topic's suffix
 EVENTS_READ = 5  # a topic's latest records read for its source block (a tombstone or a delete may have none)
 
 
@@ -69,10 +68,6 @@ def run_pipeline_check(path: Path, conn: Connection | None = None) -> PipelineCh
     checks = {r.name: RouteCheck(r.name, list(r.topics) + ([f"/{r.pattern}/"] if r.pattern else []), r.table,
                                  r.mapping is not None) for r in router.routes}
     report = PipelineCheckReport(str(path), conn is None, list(checks.values()))
-    for route in router.routes:
-        if route.pattern is not None and (unread := unread_by_librdkafka(route.subscription()[-1])):
-            report.problems.append(f"{route.name}: topic pattern {route.pattern!r}: librdkafka, which subscribes to "
-                                   f"it, cannot read {unread!r} (no lookarounds, inline flags or backreferences)")
     if conn is None:
         for route in router.routes:
             for topic in route.topics:
@@ -100,23 +95,8 @@ def run_pipeline_check(path: Path, conn: Connection | None = None) -> PipelineCh
         if route.pattern is not None and not any(route.takes(t) for t in existing):
             checks[route.name].notes.append(f"no topic matches /{route.pattern}/ yet: its topics are read as they "
                                             "appear (not an error)")
-        dead = [t for t in existing if t.endswith(DEAD_LETTERS) and t not in route.topics and route.takes(t)]
-        if dead:
-            checks[route.name].notes.append(f"/{route.pattern}/ takes dead-letter topics too ({', '.join(dead[:3])}"
-                                            f"{', …' if len(dead) > 3 else ''}): their records would be written to "
-                                            "the table; narrow the pattern if that is not meant")
     _check_tables(report, router, checks, conn)
     return report
-
-
-def unread_by_librdkafka(subscribed: str) -> str | None:
-    """What in a subscription's pattern (``^…``, named and non-capturing groups already made plain) librdkafka's
-    regular expressions cannot read: a ``(?`` construct or a backreference; None when it can."""
-    for found in re.finditer(r"\\.|\(\?(?:<[=!]|[^)]?)", subscribed):
-        text = found.group()
-        if not text.startswith("\\") or text[1] in "123456789":
-            return text
-    return None
 
 
 def _refuse(report: PipelineCheckReport, checks: dict[str, RouteCheck], router: Router, topic: str) -> None:

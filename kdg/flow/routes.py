@@ -42,6 +42,10 @@ class Route:
             except re.error as exc:
                 raise UsageError(f"{self.name}: topic pattern {self.pattern!r} is not a regular expression "
                                  f"({exc})") from None
+            unread = unread_by_librdkafka(_anchored(self.pattern))
+            if unread is not None:
+                raise UsageError(f"{self.name}: topic pattern {self.pattern!r}: the Kafka client's regular expressions "
+                                 f"cannot read {unread!r} (no lookarounds, inline flags or backreferences)")
         else:
             compiled = None
         for name in _FIELD.findall(self.table):
@@ -71,9 +75,13 @@ class Route:
         return any(f in SOURCE_FIELDS for f in _FIELD.findall(self.table))
 
     def takes(self, topic: str) -> re.Match | bool:
+        """Whether this route reads ``topic``: listed, or matched by the pattern — which never takes a dead-letter
+        topic (``….dlq``: its records would come back as rows) nor one of Kafka's own (``__…``)."""
         if topic in self.topics:
             return True
-        return re.fullmatch(self.pattern, topic) if self.pattern is not None else False
+        if self.pattern is None or topic.endswith(".dlq") or topic.startswith("__"):
+            return False
+        return re.fullmatch(self.pattern, topic)
 
     def subscription(self) -> list[str]:
         """What the consumer subscribes to for this route (librdkafka reads ``^…`` as a pattern)."""
@@ -121,6 +129,17 @@ def _anchored(pattern: str) -> str:
     return "^(" + re.sub(r"\(\?(?:P<\w+>|:)", "(", body) + ")$"
 
 
+def unread_by_librdkafka(subscribed: str) -> str | None:
+    """What in a subscription's pattern (``^…``, named and non-capturing groups already made plain) librdkafka's
+    regular expressions cannot read: a ``(?`` construct or a backreference; None when it can."""
+    for found in re.finditer(r"\\.|\(\?(?:<[=!]|[^)]?)", subscribed):
+        text = found.group()
+        if not text.startswith("\\") or text[1] in "123456789":
+            return text
+    return None
+
+
+
 @dataclass(frozen=True)
 class Target:
     """Where one topic's records go: its route and its table (None: read from each batch's events)."""
@@ -158,6 +177,10 @@ class Router:
     def names(self) -> list[str]:
         """The topic names the routes list (patterns aside)."""
         return [t for r in self.routes for t in r.topics]
+
+    def takes(self, topic: str) -> bool:
+        """Whether any route reads ``topic`` (a pattern's subscription may bring others: a ``TOPIC.dlq``)."""
+        return any(r.takes(topic) for r in self.routes)
 
     def route(self, topic: str) -> Route:
         """The one route that takes ``topic``; two, or none, is a usage error naming them."""
