@@ -1,4 +1,8 @@
-"""`kdg spark-replay`: replay a Kafka range into a Postgres sink table with Spark, under a guarantee.
+"""`kdg spark-replay`: replay Kafka ranges into Postgres sink tables with Spark, under a guarantee.
+
+One topic or several (each with its own range, the same ``--from``/``--to`` on each), read in one Spark
+job; each topic's records go to the table its route names (:mod:`kdg.spark.routing`). A run is recorded
+per topic in ``kdg_replays``.
 
 The policy decides three things here, and nothing else does:
 - ``commit_mode``: at-most-once records the range as done (and advances the group's stored offsets)
@@ -18,12 +22,13 @@ from typing import TYPE_CHECKING, Callable
 
 from kdg.errors import ConnectionFailed, DeliveryError, Interrupted, KdgError, UsageError
 from kdg.guarantees import CommitMode, policy_for
-from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, attempt_s, wait_until_up
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
 from kdg.retention import check_dedup_retention
-from kdg.settings import Connection, table_name
+from kdg.settings import Connection
 from kdg.spark.ranges import Ranges, parse_bound, resolve_range
 
 if TYPE_CHECKING:
+    from kdg.flow.routes import Router
     from kdg.mapping import Mapping
 
 _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
@@ -31,36 +36,42 @@ _SAFE_NAME = re.compile(r"^[A-Za-z0-9_.\-]{1,200}$")
 
 @dataclass
 class ReplayRequest:
-    topic: str
+    topic: "str | list[str]"           # one topic, or several (none: topic_pattern or routes)
     guarantee: str
     conn: Connection
     group: str = "kdg-spark-replay"
-    start: str = "earliest"
+    start: str = "earliest"            # each topic's range: the same bounds on each
     end: str = "latest"
-    table: str = "kdg_events"
+    table: str = "kdg_events"          # a table, or a template of one (mt_{topic})
     master: str = "local[*]"
     id_from: str | None = None
     mapping: "Mapping | None" = None   # a typed sink: the user's table, through this mapping
     value_format: str = "json"         # how --id-from json: reads values outside a mapping (kdg.schemas)
     chunk_rows: int = 20_000
     spark_conf: dict[str, str] = field(default_factory=dict)
-    on_range: Callable[[Ranges], None] | None = None          # shown before the job runs
+    on_range: Callable[[dict[str, Ranges]], None] | None = None  # topic → its ranges, shown before the job runs
     progress: Callable[[int, int, int], None] | None = None   # (tasks done, tasks, tasks failed)
     echo: Callable[[str], None] = print
     dedup_retention: str | None = None   # exactly-once: the table's claim window, if it has none yet (kdg.retention)
     beyond_dedup_window: bool = False    # replay records older than the window, knowing they are not deduplicated
     shutdown: Shutdown = field(default_factory=Shutdown)  # requested (a signal): cancel the job, record it failed
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S  # start-up: how long to wait for Kafka and Postgres to come up
+    topic_pattern: str | None = None     # every topic this regular expression matches whole, now
+    routes: "Router | None" = None       # --pipeline FILE's routes; None: the command line is one route
+
+    @property
+    def topics(self) -> list[str]:
+        return [self.topic] if isinstance(self.topic, str) else [t for t in self.topic if t]
 
 
 @dataclass
 class ReplayReport:
-    replay_id: str
+    replay_id: str                  # one per topic replayed (kdg_replays), comma-separated
     guarantee: str
-    topic: str
+    topic: str                      # the topics, comma-separated
     group: str
-    table: str
-    partitions: dict
+    table: str                      # the tables, comma-separated
+    partitions: dict                # one topic: {partition: range}; several: {"TOPIC/PARTITION": range}
     rows_read: int = 0
     duplicates_dropped: int = 0
     rows_written: int = 0
@@ -74,21 +85,27 @@ class ReplayReport:
     spark_start_s: float = 0.0      # starting the SparkSession (JVM, jars)
     duration_s: float = 0.0         # the Spark job itself: read, key, write
     rows_per_s: float = 0.0         # rows_read / duration_s
+    tables: dict = field(default_factory=dict)  # per table: its route, its topics' ranges, where its rows ended
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+_COUNTS = ("rows_read", "rows_written", "duplicates_dropped", "dead_lettered", "probes_skipped", "superseded",
+           "deleted", "filtered")
+
+
 def run_spark_replay(req: ReplayRequest) -> ReplayReport:
+    from kdg.flow.topics import PipelineTopics
     from kdg.kafka.clients import spark_source_options
+    from kdg.spark.routing import SparkRoutes, key_sql, spark_router
     from kdg.spark.session import check_conf, resolve_master
-    from kdg.spark.writer import DeadLetterSpec, WriteSpec
     from kdg.store.pg import Store
 
     policy = policy_for(req.guarantee)
-    table_name(req.mapping.table if req.mapping is not None else req.table)  # a malformed name: refused first
+    router = spark_router(req.topics, req.topic_pattern, req.table, req.mapping, req.id_from, req.routes)
     check_dedup_retention(req.dedup_retention, policy, "postgres")
-    id_kind, id_arg = _id_from(req.id_from)
+    key = key_sql(router, policy.dedup)  # a malformed --id-from: refused first
     if not req.group.strip():
         raise UsageError("--group must not be empty")
     if req.chunk_rows < 1:
@@ -97,56 +114,77 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
     check_conf(req.spark_conf)
     master = resolve_master(req.master)  # `stack`: the local stack's Spark master, which must be running
     source_options = spark_source_options(req.conn.bootstrap_servers, req.conn.extra, policy)  # refused before any record
-    replay_id = uuid.uuid4()
     try:
-        wait_until_up("Kafka", lambda: _partitions(req), req.wait_timeout, req.shutdown, req.echo)
+        found = PipelineTopics(router, req.conn.bootstrap_servers, req.conn.extra, req.wait_timeout, req.shutdown,
+                               req.echo).wait()  # a missing topic, two routes, a bad table name: refused here
         store = wait_until_up("Postgres", lambda: Store(req.conn.pg_dsn), req.wait_timeout, req.shutdown, req.echo)
     except StopRequested as exc:
         raise Interrupted(f"{req.shutdown.signal}: stopped while waiting for {exc}; nothing was replayed",
                           req.shutdown.signum) from None
+    if not found:
+        raise UsageError(f"no topic matches {req.topic_pattern or 'the routes'}: nothing to replay")
     with store:  # unreachable, or no kdg schema: a clear error before Spark starts
-        ranges = _resolve(req, policy.isolation_level, start, end, store)  # a bad range creates nothing
-        typed = None
-        if req.mapping is not None:
-            typed, _ = store.prepare_typed(req.mapping)  # checked (or created) before Spark starts
-            identity = typed.mapping.table
-        else:
-            identity = store.ensure_sink_table(req.table)
-        table = identity.text  # the table's identity: the dedup key, the report, WriteSpec (picklable)
-        if policy.dedup:
-            from kdg.retention import decide_dedup_window
-
-            window = decide_dedup_window(store, req.conn, req.topic, identity, req.dedup_retention, req.echo)
-            _check_window(req, policy.isolation_level, window, ranges, store)
+        several = len(found) > 1
+        ranges = {t: r for t in sorted(found)
+                  if (r := _resolve(req, t, found[t], policy.isolation_level, start, end, store, several))}
+        if not ranges:  # a bad range creates nothing
+            raise UsageError(f"the range is empty on every partition of {', '.join(sorted(found))}: nothing to replay")
+        routes = SparkRoutes(router, store, req.conn, policy, group=req.group, chunk_rows=req.chunk_rows,
+                             value_format=req.value_format, dedup_retention=req.dedup_retention, echo=req.echo)
+        routes.check(ranges)  # every topic routed before any table is made
+        for topic in ranges:  # tables checked (or created) and claim windows decided before Spark starts
+            routes.prepare(topic)
+            if policy.dedup:
+                _check_window(req, topic, policy.isolation_level, routes.windows[routes.table(topic)], ranges[topic],
+                              store)
         if req.on_range:
             req.on_range(ranges)
         record_first = policy.commit_mode is CommitMode.BEFORE_PROCESSING
-        store.record_replay(replay_id, req.group, req.topic, table, policy.guarantee.value, ranges,
-                            done=record_first)
-        report = ReplayReport(str(replay_id), policy.guarantee.value, req.topic, req.group, table,
-                              {p: {"from": s, "to": e} for p, (s, e) in ranges.items()},
-                              recorded="before writing" if record_first else "after writing")
-        spec = WriteSpec(req.conn.pg_dsn, table, req.group, policy.dedup, req.chunk_rows,
-                         typed=typed, id_from=req.id_from if id_kind == "json" else None,
-                         value_format=req.value_format, registry=req.conn.registry,
-                         dead_letters=DeadLetterSpec(policy.guarantee.value, req.conn.bootstrap_servers, req.topic,
-                                                     req.conn.extra, req.group))
+        replay_ids = {t: uuid.uuid4() for t in ranges}
+        for topic, ids in replay_ids.items():
+            store.record_replay(ids, req.group, topic, routes.table(topic), policy.guarantee.value, ranges[topic],
+                                done=record_first)
+        report = _report(req, policy, routes, ranges, replay_ids, record_first)
+
+        def finish(status: str, **details) -> None:
+            for topic, ids in replay_ids.items():
+                store.finish_replay(ids, req.group, topic, ranges[topic], status=status, **details)
+
         try:
-            totals = _run_job(req, master, policy, ranges, spec, id_kind, id_arg, source_options)
+            totals = _run_job(req, master, policy, ranges, routes, key, source_options)
         except BaseException as exc:
             error = _explain(exc, policy) if not req.shutdown.requested else Interrupted(
                 f"{req.shutdown.signal}: the Spark job was cancelled; the replay is recorded "
                 f"{'done (at-most-once recorded it before writing)' if record_first else 'failed'}, and running "
                 "the same range again finishes it", req.shutdown.signum)
-            store.finish_replay(replay_id, req.group, req.topic, ranges, status="done" if record_first else "failed",
-                                error=str(error))
+            finish("done" if record_first else "failed", error=str(error))
             raise error from exc
-        for name in ("rows_read", "rows_written", "duplicates_dropped", "dead_lettered", "probes_skipped", "superseded",
-                     "deleted", "filtered", "tasks", "spark_start_s", "duration_s"):
+        for name in (*_COUNTS, "tasks", "spark_start_s", "duration_s"):
             setattr(report, name, totals[name])
+        for topic, counts in totals["per_topic"].items():
+            entry = report.tables[routes.table(topic)]
+            for name in _COUNTS:
+                entry[name] += counts[name]
         report.rows_per_s = round(report.rows_read / report.duration_s, 1) if report.duration_s else 0.0
-        store.finish_replay(replay_id, req.group, req.topic, ranges, status="done", summary=report.to_dict(),
-                            advance=not record_first)
+        finish("done", summary=report.to_dict(), advance=not record_first)
+    return report
+
+
+def _report(req: ReplayRequest, policy, routes, ranges: dict[str, Ranges], replay_ids: dict,
+            record_first: bool) -> ReplayReport:
+    """The report before the job: its ranges, and one entry per table (its route, its topics' ranges)."""
+    one = len(ranges) == 1
+    shown = {(str(p) if one else f"{t}/{p}"): {"from": s, "to": e}
+             for t, r in ranges.items() for p, (s, e) in r.items()}
+    report = ReplayReport(",".join(str(i) for i in replay_ids.values()), policy.guarantee.value, ",".join(ranges),
+                          req.group, ",".join(dict.fromkeys(routes.table(t) for t in ranges)),
+                          shown, recorded="before writing" if record_first else "after writing")
+    for topic, r in ranges.items():
+        entry = routes.tables_entry(topic, report.tables)
+        if "rows_read" not in entry:
+            entry.update(dict.fromkeys(_COUNTS, 0), partitions={})
+        entry["topics"].append(topic)
+        entry["partitions"][topic] = {str(p): {"from": s, "to": e} for p, (s, e) in r.items()}
     return report
 
 
@@ -161,24 +199,23 @@ def _id_from(spec: str | None) -> tuple[str | None, str | None]:
     return resolver.kind, resolver.arg
 
 
-def _partitions(req: ReplayRequest) -> list[int]:
-    from kdg.kafka.admin import topic_partitions
-
-    return topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra,
-                            attempt_s(req.wait_timeout, req.shutdown))
-
-
-def _resolve(req: ReplayRequest, isolation: str, start, end, store) -> Ranges:
+def _resolve(req: ReplayRequest, topic: str, partitions: list[int], isolation: str, start, end, store,
+             several: bool) -> Ranges:
+    """``topic``'s range; with several topics, one whose range is empty is left out (and said)."""
     from kdg.kafka.admin import watermarks
 
-    partitions = _partitions(req)
-    return resolve_range(req.topic, start, end, partitions=partitions,
-                         watermarks=watermarks(req.conn.bootstrap_servers, req.topic, req.conn.extra, isolation),
-                         stored=lambda: store.stored_offsets(req.group, req.topic),
-                         offsets_for_time=lambda ms: _offsets_for_time(req, isolation, partitions, ms))
+    ranges = resolve_range(topic, start, end, partitions=partitions,
+                           watermarks=watermarks(req.conn.bootstrap_servers, topic, req.conn.extra, isolation),
+                           stored=lambda: store.stored_offsets(req.group, topic),
+                           offsets_for_time=lambda ms: _offsets_for_time(req, topic, isolation, partitions, ms),
+                           allow_empty=several)
+    if not ranges:
+        req.echo(f"{topic}: the range is empty on every partition; nothing of it to replay")
+    return ranges
 
 
-def _offsets_for_time(req: ReplayRequest, isolation: str, partitions: list[int], ms: int) -> dict[int, int]:
+def _offsets_for_time(req: ReplayRequest, topic: str, isolation: str, partitions: list[int],
+                      ms: int) -> dict[int, int]:
     """Per partition, the first offset whose record's timestamp is at or after ``ms`` (-1: none is)."""
     from confluent_kafka import KafkaException, TopicPartition
 
@@ -186,7 +223,7 @@ def _offsets_for_time(req: ReplayRequest, isolation: str, partitions: list[int],
 
     consumer = reader(req.conn.bootstrap_servers, req.conn.extra, group="kdg-replay-ranges", isolation=isolation)
     try:
-        found = consumer.offsets_for_times([TopicPartition(req.topic, p, ms) for p in partitions], timeout=15)
+        found = consumer.offsets_for_times([TopicPartition(topic, p, ms) for p in partitions], timeout=15)
     except KafkaException as exc:
         raise ConnectionFailed(f"cannot look up offsets by time in Kafka: {exc.args[0].str()}") from exc
     finally:
@@ -194,7 +231,7 @@ def _offsets_for_time(req: ReplayRequest, isolation: str, partitions: list[int],
     return {tp.partition: tp.offset for tp in found}
 
 
-def _check_window(req: ReplayRequest, isolation: str, window, ranges: Ranges, store) -> None:
+def _check_window(req: ReplayRequest, topic: str, isolation: str, window, ranges: Ranges, store) -> None:
     """Exactly-once: refuse a range reaching back past the table's claim window, where a record already
     written would be written again — unless the table is new, or the user said ``--beyond-dedup-window``."""
     from kdg.retention import show
@@ -203,13 +240,13 @@ def _check_window(req: ReplayRequest, isolation: str, window, ranges: Ranges, st
     if window.retention_ms is None:
         return
     cut = max(now_ms() - window.retention_ms, window.horizon_ms or 0)
-    first_kept = _offsets_for_time(req, isolation, sorted(ranges), cut)
+    first_kept = _offsets_for_time(req, topic, isolation, sorted(ranges), cut)
     older = {p: (s, min(e, first_kept[p]) if first_kept[p] >= 0 else e) for p, (s, e) in sorted(ranges.items())}
     older = {p: r for p, r in older.items() if r[0] < r[1]}
     if not older:
         return
     when = f"@{cut}"
-    what = ", ".join(f"{p}: {s}–{e - 1}" for p, (s, e) in older.items())
+    what = ", ".join(f"{topic}/{p}: {s}–{e - 1}" for p, (s, e) in older.items())
     if window.horizon_ms is None and not store.fetchval(
             "SELECT EXISTS (SELECT 1 FROM kdg_dedup WHERE sink_table = $1)", window.sink_table):
         return  # a new table: nothing in it to write twice
@@ -221,13 +258,14 @@ def _check_window(req: ReplayRequest, isolation: str, window, ranges: Ranges, st
     raise UsageError(
         f"the range reaches back past {window.sink_table}'s dedup window: its claims are kept "
         f"{show(window.retention_ms)}, and records before {when} (Unix ms) may no longer be recognised as written. "
-        f"Offsets {what} (partition: first–last) are that old. Replay from {when} (--from {when}), or add "
+        f"Offsets {what} (topic/partition: first–last) are that old. Replay from {when} (--from {when}), or add "
         "--beyond-dedup-window to write them anyway: a record among them already in the table is written again")
 
 
-def _run_job(req: ReplayRequest, master: str, policy, ranges: Ranges, spec, id_kind, id_arg,
+def _run_job(req: ReplayRequest, master: str, policy, ranges: dict[str, Ranges], routes, key: str,
              source_options: dict) -> dict:
-    from kdg.spark.job import kafka_frame, key_expression, run_write, sink_rows
+    """One Spark job for every topic: one frame of all their ranges, each task writing its topic's table."""
+    from kdg.spark.job import kafka_frame, run_write, sink_rows
     from kdg.spark.session import spark_session
 
     started = time.monotonic()
@@ -237,11 +275,9 @@ def _run_job(req: ReplayRequest, master: str, policy, ranges: Ranges, spec, id_k
         if req.shutdown.requested:  # asked while Spark started: the job is not begun (the caller says so)
             raise Interrupted(f"{req.shutdown.signal}: stopped before the Spark job began", req.shutdown.signum)
         job_started = time.monotonic()
-        in_order = req.mapping is not None and (req.mapping.mode == "upsert" or req.mapping.on_tombstone == "delete")
-        frame = kafka_frame(run.spark, req.topic, ranges, source_options=source_options, split=not in_order)
-        rows = sink_rows(frame, key_expression(id_kind, id_arg, required=policy.dedup),
-                         with_timestamp=req.mapping is not None)
-        totals = run_write(run.spark, rows, spec, req.progress)
+        frame = kafka_frame(run.spark, ranges, source_options=source_options, split=not routes.in_order)
+        rows = sink_rows(frame, key, with_timestamp=routes.router.typed)
+        totals = run_write(run.spark, rows, routes.routed(), req.progress)
         totals["duration_s"] = round(time.monotonic() - job_started, 3)
         totals["spark_start_s"] = round(job_started - started, 3)
     return totals

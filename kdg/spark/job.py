@@ -1,4 +1,5 @@
-"""The replay as a Spark job: read a Kafka range, key each record, write every Spark partition to Postgres."""
+"""The replay as a Spark job: read Kafka ranges (one or several topics), key each record, write every Spark
+partition to Postgres (each through its topic's route: :class:`~kdg.spark.writer.RoutedSpec`)."""
 
 import json
 import threading
@@ -6,30 +7,34 @@ from typing import Callable
 
 from kdg.records import ID_HEADER, PROBE_HEADER
 from kdg.spark.ranges import Ranges
+from kdg.spark.writer import SUMMARY_COUNTS, SUMMARY_SCHEMA, RoutedSpec, WriteSpec, write_task
 from kdg.store.rows import spark_projection
-from kdg.spark.writer import SUMMARY_COUNTS, SUMMARY_SCHEMA, WriteSpec, write_task
 
 ROWS_PER_TASK = 250_000  # Kafka partitions larger than this are split across Spark tasks
 
 
-def kafka_frame(spark, topic: str, ranges: Ranges, *, source_options: dict[str, str],
+def kafka_frame(spark, ranges: dict[str, Ranges], *, source_options: dict[str, str],
                 fail_on_data_loss: bool = True, split: bool = True):
-    """The records of ``ranges`` as Spark's Kafka source reads them (key, value, headers, topic, …).
+    """The records of ``ranges`` (topic → its ranges) as Spark's Kafka source reads them (key, value, headers,
+    topic, …), in one frame: each Spark partition holds one topic-partition's records (or a slice of them).
 
     ``source_options`` come from :func:`kdg.kafka.clients.spark_source_options`: the bootstrap servers,
     the policy's isolation level and the user's properties, already vetted against the policy.
     ``split``: a large partition may be read by several tasks; not when one task must see a
     partition's records in order (an upsert's latest version wins).
     """
-    total = sum(end - start for start, end in ranges.values()) if split else 0
+    total = sum(end - start for r in ranges.values() for start, end in r.values()) if split else 0
+    count = sum(len(r) for r in ranges.values())
     reader = (spark.read.format("kafka")
               .options(**source_options)
-              .option("assign", json.dumps({topic: sorted(ranges)}))
-              .option("startingOffsets", json.dumps({topic: {str(p): s for p, (s, _) in ranges.items()}}))
-              .option("endingOffsets", json.dumps({topic: {str(p): e for p, (_, e) in ranges.items()}}))
+              .option("assign", json.dumps({t: sorted(r) for t, r in ranges.items()}))
+              .option("startingOffsets", json.dumps({t: {str(p): s for p, (s, _) in r.items()}
+                                                     for t, r in ranges.items()}))
+              .option("endingOffsets", json.dumps({t: {str(p): e for p, (_, e) in r.items()}
+                                                   for t, r in ranges.items()}))
               .option("includeHeaders", "true")
               .option("failOnDataLoss", str(fail_on_data_loss).lower())
-              .option("minPartitions", str(max(len(ranges), -(-total // ROWS_PER_TASK)))))
+              .option("minPartitions", str(max(count, -(-total // ROWS_PER_TASK)))))
     return reader.load()
 
 
@@ -69,8 +74,13 @@ def sink_rows(frame, key_sql: str, *, with_timestamp: bool = False):
     return frame.selectExpr(*spark_projection(key_sql), *extra)
 
 
-def run_write(spark, rows, spec: WriteSpec, progress: Callable[[int, int, int], None] | None = None) -> dict:
-    """Write every Spark partition through the store; sums the per-task summaries (only these reach the driver)."""
+def run_write(spark, rows, spec: "RoutedSpec | WriteSpec",
+              progress: Callable[[int, int, int], None] | None = None) -> dict:
+    """Write every Spark partition through the store; sums the per-task summaries (only these reach the driver).
+
+    Returns the counts summed, ``tasks``, ``per_topic`` (topic → its counts) and ``next_offsets``
+    (topic → partition → the offset after the last one read).
+    """
     poller = _StageProgress(spark.sparkContext, progress) if progress else None
     try:
         summaries = rows.mapInArrow(lambda batches: write_task(batches, spec), SUMMARY_SCHEMA).collect()
@@ -78,14 +88,21 @@ def run_write(spark, rows, spec: WriteSpec, progress: Callable[[int, int, int], 
         if poller:
             poller.stop()
     totals = dict.fromkeys(SUMMARY_COUNTS, 0)
-    high: dict[int, int] = {}
+    per_topic: dict[str, dict] = {}
+    high: dict[str, dict[int, int]] = {}
     for row in summaries:
-        for name in totals:
+        mine = per_topic.setdefault(row["topic"], dict.fromkeys(SUMMARY_COUNTS, 0)) if row["topic"] else {}
+        for name in SUMMARY_COUNTS:
             totals[name] += row[name]
+            if mine:
+                mine[name] += row[name]
+        at = high.setdefault(row["topic"], {})
         for p, o in json.loads(row["offsets"]).items():
-            high[int(p)] = max(o, high.get(int(p), -1))
+            at[int(p)] = max(o, at.get(int(p), -1))
     totals["tasks"] = len(summaries)
-    totals["next_offsets"] = {p: o + 1 for p, o in sorted(high.items())}  # where each partition read up to
+    totals["per_topic"] = per_topic
+    totals["next_offsets"] = {t: {p: o + 1 for p, o in sorted(at.items())}  # where each partition read up to
+                              for t, at in high.items() if at}
     return totals
 
 

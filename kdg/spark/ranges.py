@@ -64,8 +64,9 @@ def parse_timestamp(text: str, option: str) -> int:
 
 def resolve_range(topic: str, start: Bound, end: Bound, *, partitions: list[int],
                   watermarks: dict[int, tuple[int, int]], stored: Callable[[], dict[int, int]],
-                  offsets_for_time: Callable[[int], dict[int, int]]) -> Ranges:
-    """Per-partition ``(start, end)`` of the replay; only non-empty partitions are kept.
+                  offsets_for_time: Callable[[int], dict[int, int]], allow_empty: bool = False) -> Ranges:
+    """Per-partition ``(start, end)`` of the replay; only non-empty partitions are kept (none at all is refused,
+    unless ``allow_empty``: one topic of several may have nothing in its range).
 
     ``watermarks`` are ``{p: (log start, end)}`` as the replay will read them (under read_committed
     the end is the last stable offset); ``stored`` and ``offsets_for_time`` are asked only if a bound
@@ -92,7 +93,7 @@ def resolve_range(topic: str, start: Bound, end: Bound, *, partitions: list[int]
             raise UsageError(f"{topic}/{p}: the range starts at {lo[p]}, after its end {hi[p]}")
         if hi[p] > lo[p]:
             ranges[p] = (lo[p], hi[p])
-    if not ranges:
+    if not ranges and not allow_empty:
         raise UsageError(f"the range of {topic!r} is empty on every partition: nothing to replay")
     return ranges
 

@@ -1,4 +1,9 @@
-"""`kdg spark-stream`: a topic into Postgres as records arrive, as a Spark Structured Streaming query.
+"""`kdg spark-stream`: topics into Postgres as records arrive, as a Spark Structured Streaming query.
+
+One topic, several, or every topic a ``--topic-pattern`` matches (Spark's ``subscribe`` /
+``subscribePattern``); each record goes to the table its route names (:mod:`kdg.spark.routing`). A
+pattern's topic that appears while the stream runs is taken (its lock, table, window and fences) before
+the first batch that reads it is written.
 
 Each micro-batch is written by the executors' writer `kdg spark-replay` uses (:mod:`kdg.spark.writer`):
 one Postgres transaction per chunk of a task, with each key claimed in ``kdg_dedup`` under
@@ -14,8 +19,8 @@ exactly-once. Then the driver stores where every partition got to:
 
 Without a checkpoint the stream starts at the group's positions (``kdg_offsets``, or the committed Kafka
 offsets for at-least-once), so one group can move from `kdg consume` to `kdg spark-stream` and back.
-Only one of them reads a group at a time: a stream holds a Postgres advisory lock for its group while it
-runs (`kdg consume` refuses to start under it), refuses a group with members, and under exactly-once a
+Only one of them reads a group at a time: a stream holds a Postgres advisory lock for its group on each of its
+topics while it runs (`kdg consume` refuses to start under it), refuses a group with members, and under exactly-once a
 `kdg consume` that takes the partitions anyway fences the stream out at its next batch.
 """
 
@@ -30,11 +35,12 @@ from typing import TYPE_CHECKING, Callable
 from kdg import faults
 from kdg.errors import ConnectionFailed, DeliveryError, Fenced, UsageError
 from kdg.guarantees import CommitMode, policy_for
-from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, attempt_s, wait_until_up
+from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
 from kdg.retention import check_dedup_retention
-from kdg.settings import Connection, table_name
+from kdg.settings import Connection
 
 if TYPE_CHECKING:
+    from kdg.flow.routes import Router
     from kdg.mapping import Mapping
 
 _INTERVAL = re.compile(r"^(\d+(?:\.\d+)?)\s*(ms|s|m|milliseconds?|seconds?|minutes?)$")
@@ -43,7 +49,7 @@ _UNITS = {"ms": "milliseconds", "s": "seconds", "m": "minutes"}
 
 @dataclass
 class StreamRequest:
-    topic: str
+    topic: "str | list[str]"          # one topic, or several (none: topic_pattern or routes)
     group: str
     guarantee: str
     conn: Connection
@@ -63,6 +69,12 @@ class StreamRequest:
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S
     on_batch: Callable[["BatchReport"], None] | None = None
     echo: Callable[[str], None] = print
+    topic_pattern: str | None = None  # every topic this regular expression matches whole, those created later too
+    routes: "Router | None" = None    # --pipeline FILE's routes; None: the command line is one route
+
+    @property
+    def topics(self) -> list[str]:
+        return [self.topic] if isinstance(self.topic, str) else [t for t in self.topic if t]
 
 
 @dataclass
@@ -74,8 +86,8 @@ class BatchReport:
     dead_lettered: int
     duration_s: float
     rows_per_s: float
-    next_offsets: dict          # partition → the offset the group reads next
-    lag: dict                   # partition → records behind the end of the partition, after this batch
+    next_offsets: dict          # partition → the offset the group reads next ("TOPIC/PARTITION" with several topics)
+    lag: dict                   # partition → records behind the end of the partition, after this batch (same keys)
     attempts: int = 1           # > 1: Postgres went away and the batch was written again once it was back
 
     def to_dict(self) -> dict:
@@ -85,9 +97,9 @@ class BatchReport:
 @dataclass
 class StreamReport:
     guarantee: str
-    topic: str
+    topic: str                  # the topics: a, a,b or /pattern/
     group: str
-    table: str
+    table: str                  # the tables, comma-separated
     checkpoint: str
     started_from: str = ""      # checkpoint | kdg_offsets | kafka group | earliest
     batches: int = 0
@@ -102,9 +114,14 @@ class StreamReport:
     spark_start_s: float = 0.0
     duration_s: float = 0.0
     stopped_by: str = ""
+    tables: dict = field(default_factory=dict)  # per table: its route, its topics, where its rows ended
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+_COUNTS = ("rows_read", "rows_written", "duplicates_dropped", "dead_lettered", "probes_skipped", "superseded",
+           "deleted", "filtered")
 
 
 def parse_trigger(text: str) -> dict:
@@ -161,10 +178,10 @@ def _local_checkpoint(text: str | None, group: str, topic: str) -> str:
 
 
 def run_spark_stream(req: StreamRequest) -> StreamReport:
+    from kdg.flow.topics import PipelineTopics
     from kdg.kafka.clients import spark_source_options
-    from kdg.replay import _id_from
+    from kdg.spark.routing import SparkRoutes, describe, key_sql, spark_router
     from kdg.spark.session import check_conf, resolve_master
-    from kdg.spark.writer import DeadLetterSpec, WriteSpec
     from kdg.store.pg import Store
 
     policy = policy_for(req.guarantee)
@@ -172,10 +189,10 @@ def run_spark_stream(req: StreamRequest) -> StreamReport:
         raise UsageError("spark-stream cannot run at-most-once: Spark runs a failed micro-batch again from its "
                          "offset log, so it can promise no fewer than one delivery. Use -g at-least-once, or "
                          "exactly-once, or `kdg consume -g at-most-once`.")
-    table_name(req.mapping.table if req.mapping is not None else req.table)
+    router = spark_router(req.topics, req.topic_pattern, req.table, req.mapping, req.id_from, req.routes)
     check_dedup_retention(req.dedup_retention, policy, "postgres")
     trigger = parse_trigger(req.trigger)
-    id_kind, id_arg = _id_from(req.id_from)
+    key = key_sql(router, policy.dedup)
     if req.chunk_rows < 1:
         raise UsageError("--chunk-rows must be at least 1")
     if req.max_per_batch is not None and req.max_per_batch < 1:
@@ -183,52 +200,34 @@ def run_spark_stream(req: StreamRequest) -> StreamReport:
     check_conf(req.spark_conf)
     master = resolve_master(req.master)
     source_options = spark_source_options(req.conn.bootstrap_servers, req.conn.extra, policy)
-    checkpoint = _local_checkpoint(req.checkpoint, req.group, req.topic)
+    named = describe(router)
+    checkpoint = _local_checkpoint(req.checkpoint, req.group, named)
+    stopped = lambda: StreamReport(policy.guarantee.value, named, req.group, req.table, checkpoint,  # noqa: E731
+                                   stopped_by=req.shutdown.signal or "stop requested")
+    topics = PipelineTopics(router, req.conn.bootstrap_servers, req.conn.extra, req.wait_timeout, req.shutdown,
+                            req.echo)
     try:
-        partitions = wait_until_up("Kafka", lambda: _partitions(req), req.wait_timeout, req.shutdown, req.echo)
+        found = topics.wait()  # a missing topic, two routes, a bad table name: refused here
         store = wait_until_up("Postgres", lambda: Store(req.conn.pg_dsn), req.wait_timeout, req.shutdown, req.echo)
     except StopRequested:
-        return StreamReport(policy.guarantee.value, req.topic, req.group, req.table, checkpoint,
-                            stopped_by=req.shutdown.signal or "stop requested")
+        return stopped()
     with store:
-        if not store.hold_stream(req.group, req.topic):
-            raise UsageError(f"another kdg spark-stream is reading {req.topic} for group {req.group!r}; one "
-                             "group is read by one pipeline at a time")
+        routes = SparkRoutes(router, store, req.conn, policy, group=req.group, chunk_rows=req.chunk_rows,
+                             value_format=req.value_format, dedup_retention=req.dedup_retention, echo=req.echo)
+        report = StreamReport(policy.guarantee.value, named, req.group, "", checkpoint)
+        batches = _Batches(req, policy, store, routes, report, topics, single=len(req.topics) == 1 and
+                           req.topic_pattern is None and req.routes is None)
+        batches.hold(found)  # every topic's lock first: another stream on one of them refuses this one
         try:
             _refuse_members(req)
         except StopRequested:
-            return StreamReport(policy.guarantee.value, req.topic, req.group, req.table, checkpoint,
-                                stopped_by=req.shutdown.signal or "stop requested")
-        typed = None
-        if req.mapping is not None:
-            typed, _ = store.prepare_typed(req.mapping)
-            identity = typed.mapping.table
-        else:
-            identity = store.ensure_sink_table(req.table)
-        report = StreamReport(policy.guarantee.value, req.topic, req.group, identity.text, checkpoint)
-        fences = {}
-        if policy.dedup:
-            from kdg.retention import decide_dedup_window
-
-            decide_dedup_window(store, req.conn, req.topic, identity, req.dedup_retention, req.echo)
-            fences = {p: fence for p, (fence, _) in store.acquire_partitions(req.group, req.topic, partitions).items()}
-        starting, positions, report.started_from = _starting_offsets(req, policy, store, checkpoint, partitions)
-        spec = WriteSpec(req.conn.pg_dsn, identity.text, req.group, policy.dedup, req.chunk_rows, typed=typed,
-                         id_from=req.id_from if id_kind == "json" else None,
-                         value_format=req.value_format, registry=req.conn.registry,
-                         dead_letters=DeadLetterSpec(policy.guarantee.value, req.conn.bootstrap_servers, req.topic,
-                                                     req.conn.extra, req.group))
-        batches = _Batches(req, policy, store, spec, fences, report, positions)
-        _run_query(req, master, policy, source_options, starting, checkpoint, trigger, id_kind, id_arg, batches,
-                   report)
+            return stopped()
+        routes.check(found)
+        for topic, partitions in sorted(found.items()):
+            batches.take(topic, partitions)
+        starting, batches.positions, report.started_from = _starting_offsets(req, policy, store, checkpoint, found)
+        _run_query(req, master, policy, source_options, starting, checkpoint, trigger, key, batches, report)
     return report
-
-
-def _partitions(req: StreamRequest) -> list[int]:
-    from kdg.kafka.admin import topic_partitions
-
-    return topic_partitions(req.conn.bootstrap_servers, req.topic, req.conn.extra,
-                            attempt_s(req.wait_timeout, req.shutdown))
 
 
 def _refuse_members(req: StreamRequest) -> None:
@@ -260,16 +259,19 @@ def _refuse_members(req: StreamRequest) -> None:
 
 
 def _starting_offsets(req: StreamRequest, policy, store, checkpoint: str,
-                      partitions: list[int]) -> tuple[str, dict[int, int], str]:
-    """Spark's ``startingOffsets`` (which Spark ignores once the checkpoint has batches), the group's positions,
-    and where the stream starts from."""
-    if policy.dedup:
-        stored, source = store.stored_offsets(req.group, req.topic), "kdg_offsets"
-    else:
-        from kdg.audit_groups import _kafka_committed
+                      found: dict[str, list[int]]) -> tuple[str, dict[str, dict[int, int]], str]:
+    """Spark's ``startingOffsets`` (which Spark ignores once the checkpoint has batches), the group's positions
+    per topic, and where the stream starts from."""
+    from kdg.audit_groups import _kafka_committed
 
-        stored = {p: o for p, o in _kafka_committed(req.conn, req.topic, req.group).items() if o is not None}
-        source = "kafka group"
+    stored: dict[str, dict[int, int]] = {}
+    source = "kdg_offsets" if policy.dedup else "kafka group"
+    for topic in found:
+        if policy.dedup:
+            stored[topic] = store.stored_offsets(req.group, topic)
+        else:
+            stored[topic] = {p: o for p, o in _kafka_committed(req.conn, topic, req.group).items() if o is not None}
+    stored = {t: at for t, at in stored.items() if at}
     resumed = _has_offsets(checkpoint)
     if not stored:
         source = "earliest"
@@ -279,21 +281,61 @@ def _starting_offsets(req: StreamRequest, policy, store, checkpoint: str,
         source = f"the checkpoint, if it has batches; else {source}"
     if not stored:
         return "earliest", stored, source
-    at = {str(p): stored.get(p, -2) for p in partitions}  # -2: a partition never read starts at its beginning
-    return json.dumps({req.topic: at}), stored, source
+    # Spark wants every topic-partition it reads named: -2, a partition never read, starts at its beginning
+    at = {t: {str(p): stored.get(t, {}).get(p, -2) for p in parts} for t, parts in found.items()}
+    return json.dumps(at), stored, source
 
 
 class _Batches:
     """``foreachBatch``: write a micro-batch with the executors' writer, then store the group's positions."""
 
-    def __init__(self, req: StreamRequest, policy, store, spec, fences: dict[int, int], report: StreamReport,
-                 positions: dict[int, int]):
-        self.req, self.policy, self.store, self.spec, self.fences, self.report = req, policy, store, spec, fences, report
-        self.positions = dict(positions)  # partition → next offset, as far as this stream knows
-        self._locked_on = store.conn      # the connection holding the group's lock (kdg.store.offsets.hold_stream)
+    def __init__(self, req: StreamRequest, policy, store, routes, report: StreamReport, topics, *, single: bool):
+        self.req, self.policy, self.store, self.routes, self.report = req, policy, store, routes, report
+        self.topics, self.single = topics, single  # single: one topic named, positions shown by partition
+        self.fences: dict[str, dict[int, int]] = {}      # topic → partition → this stream's fence (exactly-once)
+        self.positions: dict[str, dict[int, int]] = {}   # topic → partition → next offset, as far as this stream knows
+        self.held: set[str] = set()       # the topics whose lock this stream holds
+        self.known: dict[str, set[int]] = {}  # topic → the partitions taken (fenced, under exactly-once)
+        self._locked_on = store.conn      # the connection holding the locks (kdg.store.offsets.hold_stream)
         self.failed: BaseException | None = None  # what ended the query from inside a batch
         self.active = False
         self.finished = -1  # the last batch written and accounted for (Spark records it in its commit log next)
+
+    def hold(self, topics) -> None:
+        """The lock that says this stream reads ``topic`` for the group (`kdg consume` checks it), per topic."""
+        for topic in sorted(set(topics) - self.held):
+            if not self.store.hold_stream(self.req.group, topic):
+                raise UsageError(f"another kdg spark-stream is reading {topic} for group {self.req.group!r}; one "
+                                 "group is read by one pipeline at a time")
+            self.held.add(topic)
+
+    def take(self, topic: str, partitions) -> None:
+        """Make ``topic`` this stream's: its lock, its route's table (and claim window), and under exactly-once a
+        fence on each of ``partitions`` it has none on yet."""
+        self.hold([topic])
+        self.routes.prepare(topic)
+        self.routes.tables_entry(topic, self.report.tables)
+        entry = self.report.tables[self.routes.table(topic)]
+        if topic not in entry["topics"]:
+            entry["topics"].append(topic)
+            entry.update({k: entry.get(k, 0) for k in _COUNTS})
+        self.report.table = ",".join(self.report.tables)
+        known = self.known.setdefault(topic, set())
+        new = sorted(set(partitions) - known)
+        if new and self.policy.dedup:
+            taken = self.store.acquire_partitions(self.req.group, topic, new)
+            self.fences.setdefault(topic, {}).update({p: fence for p, (fence, _) in taken.items()})
+        known.update(new)
+
+    def _take_planned(self, batch_id: int) -> None:
+        """A pattern's topic (or a partition) new in this batch is taken before the batch is written: where
+        Spark planned the batch says which (else, for a checkpoint this process cannot read, the cluster)."""
+        planned = _planned(self.report.checkpoint, batch_id)
+        if planned is None:
+            planned = self.topics.current()
+        for topic, partitions in planned.items():
+            if set(partitions) - self.known.get(topic, set()):
+                self.take(topic, partitions)
 
     def __call__(self, frame, batch_id: int) -> None:
         from kdg.spark.job import run_write
@@ -306,10 +348,11 @@ class _Batches:
             raise _NotStarted(f"batch {batch_id} not started: a stop was asked")
         started, attempts = time.monotonic(), 0
         try:
+            self._take_planned(batch_id)
             while True:
                 attempts += 1
                 try:
-                    totals = run_write(frame.sparkSession, frame, self.spec)
+                    totals = run_write(frame.sparkSession, frame, self.routes.routed())
                     break
                 except Exception as exc:
                     if not self._postgres_gone(exc) or attempts > 5:
@@ -320,7 +363,8 @@ class _Batches:
             faults.reach("spark-stream-before-positions")  # a driver dying here leaves Spark's batch uncommitted
             nexts = totals["next_offsets"]
             self._store_positions(nexts)
-            self.positions.update(nexts)
+            for topic, at in nexts.items():
+                self.positions.setdefault(topic, {}).update(at)
             self._account(batch_id, totals, nexts, time.monotonic() - started, attempts)
             self.finished = batch_id
             faults.reach("spark-stream-after-batch")  # a stop here must wait for Spark to record the batch
@@ -340,66 +384,77 @@ class _Batches:
         self.store.reconnect(self.req.pg_wait, self.req.echo, self.req.shutdown.sleep)
         self._hold_again()
 
-    def _store_positions(self, nexts: dict[int, int]) -> None:
+    def _store_positions(self, nexts: dict[str, dict[int, int]]) -> None:
         if nexts and self.policy.dedup:
-            self.store.across_restart(lambda: self.store.move_forward(self.req.group, self.req.topic, nexts,
-                                                                       self.fences), self.req.pg_wait)
+            for topic, at in sorted(nexts.items()):
+                self.store.across_restart(lambda: self.store.move_forward(self.req.group, topic, at,
+                                                                           self.fences[topic]), self.req.pg_wait)
         elif nexts:
             _commit_to_group(self.req, nexts)
         self._hold_again()
 
     def _hold_again(self) -> None:
-        """The group's lock went with a connection Postgres dropped: take it again on the new one, or stop."""
+        """The topics' locks went with a connection Postgres dropped: take them again on the new one, or stop."""
         if self.store.conn is self._locked_on:
             return
-        if not self.store.hold_stream(self.req.group, self.req.topic):
-            raise Fenced(f"while Postgres was away another pipeline took group {self.req.group!r} on {self.req.topic}; "
-                         "this stream stops")
+        for topic in sorted(self.held):
+            if not self.store.hold_stream(self.req.group, topic):
+                raise Fenced(f"while Postgres was away another pipeline took group {self.req.group!r} on {topic}; "
+                             "this stream stops")
         self._locked_on = self.store.conn
 
-    def _account(self, batch_id: int, totals: dict, nexts: dict[int, int], seconds: float, attempts: int) -> None:
+    def _account(self, batch_id: int, totals: dict, nexts: dict[str, dict[int, int]], seconds: float,
+                 attempts: int) -> None:
         r = self.report
         r.batches += 1
         r.rows_in += totals["rows_read"]
-        r.rows_written += totals["rows_written"]
-        r.duplicates_dropped += totals["duplicates_dropped"]
-        r.dead_lettered += totals["dead_lettered"]
-        r.probes_skipped += totals["probes_skipped"]
-        r.superseded += totals["superseded"]
-        r.deleted += totals["deleted"]
-        r.filtered += totals["filtered"]
+        for name in _COUNTS[1:]:
+            setattr(r, name, getattr(r, name) + totals[name])
+        for topic, counts in totals["per_topic"].items():
+            entry = r.tables[self.routes.table(topic)]
+            for name in _COUNTS:
+                entry[name] += counts[name]
         if self.req.on_batch is None:
             return
         from kdg.kafka.admin import high_watermarks
 
         # where Spark goes on from: past a transaction's closing marker, which no record's offset (positions) shows
-        at = _planned_ends(self.report.checkpoint, batch_id, self.req.topic)
-        at.update({p: max(o, at.get(p, o)) for p, o in self.positions.items()})
-        try:
-            ends = high_watermarks(self.req.conn.bootstrap_servers, self.req.topic, self.req.conn.extra)
-            lag = {p: max(end - at[p], 0) for p, end in sorted(ends.items()) if p in at}
-        except ConnectionFailed:
-            lag = {}
+        planned = _planned(self.report.checkpoint, batch_id) or {}
+        lag: dict[str, dict[int, int]] = {}
+        for topic in sorted(set(planned) | set(self.positions)):
+            at = dict(planned.get(topic, {}))
+            at.update({p: max(o, at.get(p, o)) for p, o in self.positions.get(topic, {}).items()})
+            try:
+                ends = high_watermarks(self.req.conn.bootstrap_servers, topic, self.req.conn.extra)
+                lag[topic] = {p: max(end - at[p], 0) for p, end in sorted(ends.items()) if p in at}
+            except ConnectionFailed:
+                pass
         self.req.on_batch(BatchReport(batch_id, totals["rows_read"], totals["rows_written"],
                                       totals["duplicates_dropped"], totals["dead_lettered"], round(seconds, 3),
-                                      round(totals["rows_read"] / seconds, 1) if seconds else 0.0, nexts, lag,
-                                      attempts))
+                                      round(totals["rows_read"] / seconds, 1) if seconds else 0.0,
+                                      self._shown(nexts), self._shown(lag), attempts))
+
+    def _shown(self, per_topic: dict[str, dict[int, int]]) -> dict:
+        """By partition for a stream of one named topic (as it always was); else by ``TOPIC/PARTITION``."""
+        if self.single:
+            return {p: n for at in per_topic.values() for p, n in at.items()}
+        return {f"{t}/{p}": n for t, at in sorted(per_topic.items()) for p, n in at.items()}
 
 
-def _planned_ends(checkpoint: str, batch_id: int, topic: str) -> dict[int, int]:
-    """Where Spark planned micro-batch ``batch_id`` to end on each partition of ``topic``: the last line of its
-    offsets log, in a checkpoint this process can read ({} for another URI, or a log it cannot read)."""
+def _planned(checkpoint: str, batch_id: int) -> dict[str, dict[int, int]] | None:
+    """Where Spark planned micro-batch ``batch_id`` to end on each topic's partitions: the last line of its
+    offsets log, in a checkpoint this process can read (None for another URI, or a log it cannot read)."""
     offsets = _offsets_log(checkpoint)
     if offsets is None:
-        return {}
+        return None
     try:
         planned = (offsets / str(batch_id)).read_text().splitlines()
-        return {int(p): int(o) for p, o in json.loads(planned[-1]).get(topic, {}).items()}
+        return {t: {int(p): int(o) for p, o in at.items()} for t, at in json.loads(planned[-1]).items()}
     except (OSError, ValueError, AttributeError, IndexError):
-        return {}
+        return None
 
 
-def _commit_to_group(req: StreamRequest, nexts: dict[int, int]) -> None:
+def _commit_to_group(req: StreamRequest, nexts: dict[str, dict[int, int]]) -> None:
     """At-least-once: the positions as the group's committed offsets in Kafka (refused while it has members)."""
     from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
 
@@ -407,7 +462,8 @@ def _commit_to_group(req: StreamRequest, nexts: dict[int, int]) -> None:
     from kdg.kafka.clients import admin_client
 
     admin = admin_client(req.conn.bootstrap_servers, req.conn.extra)
-    asked = ConsumerGroupTopicPartitions(req.group, [TopicPartition(req.topic, p, o) for p, o in nexts.items()])
+    asked = ConsumerGroupTopicPartitions(req.group, [TopicPartition(t, p, o) for t, at in sorted(nexts.items())
+                                                     for p, o in at.items()])
     deadline = time.monotonic() + req.wait_timeout
     while True:
         try:
@@ -423,9 +479,9 @@ def _commit_to_group(req: StreamRequest, nexts: dict[int, int]) -> None:
                 raise ConnectionFailed(f"cannot commit group {req.group!r}'s offsets: {err.str()}") from exc
 
 
-def _run_query(req, master, policy, source_options, starting, checkpoint, trigger, id_kind, id_arg, batches,
-               report) -> None:
-    from kdg.spark.job import key_expression, sink_rows
+def _run_query(req, master, policy, source_options, starting, checkpoint, trigger, key, batches, report) -> None:
+    from kdg.spark.job import sink_rows
+    from kdg.spark.routing import subscription
     from kdg.spark.session import spark_session
 
     started = time.monotonic()
@@ -433,16 +489,15 @@ def _run_query(req, master, policy, source_options, starting, checkpoint, trigge
                        app="kdg spark-stream") as run:
         run.spark.conf.set("spark.sql.streaming.stopTimeout", str(int(req.shutdown.timeout * 1000)))
         reader = (run.spark.readStream.format("kafka").options(**source_options)
-                  .option("subscribe", req.topic)
+                  .options(**subscription(batches.routes.router))
                   .option("startingOffsets", starting)
                   .option("includeHeaders", "true")
                   .option("failOnDataLoss", "true"))
         if req.max_per_batch:
             reader = reader.option("maxOffsetsPerTrigger", str(req.max_per_batch))
-        rows = sink_rows(reader.load(), key_expression(id_kind, id_arg, required=policy.dedup),
-                         with_timestamp=req.mapping is not None)
+        rows = sink_rows(reader.load(), key, with_timestamp=batches.routes.router.typed)
         query = (rows.writeStream.foreachBatch(batches).option("checkpointLocation", checkpoint)
-                 .trigger(**trigger).queryName(f"kdg-{req.group}-{req.topic}"[:100]).start())
+                 .trigger(**trigger).queryName(f"kdg-{req.group}-{report.topic}"[:100]).start())
         report.spark_start_s = round(time.monotonic() - started, 3)
         req.shutdown.reclaim()  # had anything taken SIGINT meanwhile: a stop is kdg's to read between batches
         streaming = time.monotonic()

@@ -1,12 +1,16 @@
-"""Executor side of `kdg spark-replay`: one Spark task writes its rows through the Postgres store.
+"""Executor side of `kdg spark-replay` and `kdg spark-stream`: one Spark task writes its rows through the store.
 
 Everything here runs in Spark's Python workers. It holds no driver state: a task gets a picklable
-:class:`WriteSpec` and Arrow batches, opens its own :class:`~kdg.store.pg.Store`, and yields one
-summary row. Spark keeps only successful tasks' results, so the summed counts are exact even when
-a task was retried.
+:class:`WriteSpec` (or a :class:`RoutedSpec`, one WriteSpec per topic) and Arrow batches, opens its own
+:class:`~kdg.store.pg.Store`, and yields one summary row. Spark keeps only successful tasks' results, so
+the summed counts are exact even when a task was retried.
+
+Spark's Kafka source reads one topic-partition (or a slice of one) per task, so a task reads one topic
+and writes one table: its claims and offsets stay per (topic, partition).
 """
 
 import base64
+import itertools
 import json
 from dataclasses import dataclass
 from typing import Iterator
@@ -20,8 +24,8 @@ from kdg.store.rows import SINK_COLUMNS
 # dead_lettered, probes_skipped, superseded, deleted or filtered (kdg.accounting)
 SUMMARY_COUNTS = ("rows_read", "rows_written", "duplicates_dropped", "chunks", "dead_lettered", "probes_skipped",
                   "superseded", "deleted", "filtered")
-# offsets: {partition: the highest offset this task read}, as JSON
-SUMMARY_SCHEMA = ", ".join(f"{name} long" for name in SUMMARY_COUNTS) + ", offsets string"
+# topic: the one topic this task read ("" for none); offsets: {partition: the highest offset it read}, as JSON
+SUMMARY_SCHEMA = ", ".join(f"{name} long" for name in SUMMARY_COUNTS) + ", topic string, offsets string"
 COLUMNS = SINK_COLUMNS
 # a typed sink rebuilds each record: the sink row, its timestamp, and its headers' bytes (kdg.spark.job.sink_rows)
 RECORD_COLUMNS = (*SINK_COLUMNS, "timestamp", "header_bytes")
@@ -52,6 +56,13 @@ class WriteSpec:
     registry: dict | None = None           # Schema Registry settings, for schema'd formats (never in Spark's conf)
 
 
+@dataclass(frozen=True)
+class RoutedSpec:
+    """Several topics, each with its own :class:`WriteSpec` (its route's table, mapping and dead letters)."""
+
+    specs: dict  # topic → WriteSpec
+
+
 def _keys(spec: WriteSpec):
     """``fill(key, record)``: the key Spark SQL found, else ``--id-from json:…`` (None: no such option)."""
     if spec.id_from is None:
@@ -65,8 +76,44 @@ def _keys(spec: WriteSpec):
     return lambda key, rec: key if key is not None else resolver.key_or_fallback(rec, fallback=not spec.dedup)
 
 
-def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
+def write_task(batches: Iterator, spec: "WriteSpec | RoutedSpec") -> Iterator:
     """``mapInArrow`` function: write this task's rows in chunks of ``spec.chunk_rows``; yield one summary row."""
+    import pyarrow as pa
+
+    topic = ""
+    if isinstance(spec, RoutedSpec):
+        topic, batches = _one_topic(batches)
+        if topic is None:  # nothing to read in this task
+            yield pa.RecordBatch.from_pylist([{**dict.fromkeys(SUMMARY_COUNTS, 0), "topic": "", "offsets": "{}"}])
+            return
+        if topic not in spec.specs:
+            raise RuntimeError(f"no route was prepared for topic {topic!r} (the driver prepares each before its batch)")
+        spec = spec.specs[topic]
+    yield from _write(batches, spec, topic)
+
+
+def _one_topic(batches: Iterator) -> tuple[str | None, Iterator]:
+    """The topic of this task's rows (None: it has none), and the batches as they come, each checked to hold
+    only that topic (Spark's Kafka source gives a task one topic-partition)."""
+    import pyarrow.compute as pc
+
+    batches = iter(batches)
+    first = next((b for b in batches if b.num_rows), None)
+    if first is None:
+        return None, iter(())
+    topic = first.column("topic")[0].as_py()
+
+    def checked():
+        for b in itertools.chain([first], batches):
+            if b.num_rows and pc.any(pc.not_equal(b.column("topic"), topic)).as_py():
+                raise RuntimeError(f"a Spark task read records of {topic!r} and of another topic; kdg writes one "
+                                   "topic's records per task")
+            yield b
+
+    return topic, checked()
+
+
+def _write(batches: Iterator, spec: WriteSpec, topic: str) -> Iterator:
     import pyarrow as pa
     from pyspark import TaskContext
 
@@ -80,7 +127,8 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
     high: dict[int, int] = {}
     batches = _noting_offsets(batches, high)
     if spec.typed is not None:
-        yield pa.RecordBatch.from_pylist([{**_write_typed(batches, spec, fault_armed), "offsets": json.dumps(high)}])
+        yield pa.RecordBatch.from_pylist([{**_write_typed(batches, spec, fault_armed), "topic": topic,
+                                           "offsets": json.dumps(high)}])
         return
     read = written = dropped = chunks = probes = 0
     seen: set[str] = set()
@@ -125,7 +173,7 @@ def write_task(batches: Iterator, spec: WriteSpec) -> Iterator:
             flush()
     yield pa.RecordBatch.from_pylist(
         [{**dict.fromkeys(SUMMARY_COUNTS, 0), "rows_read": read, "rows_written": written, "duplicates_dropped": dropped,
-          "chunks": chunks, "probes_skipped": probes, "offsets": json.dumps(high)}])
+          "chunks": chunks, "probes_skipped": probes, "topic": topic, "offsets": json.dumps(high)}])
 
 
 def _is_probe(headers: str | None) -> bool:

@@ -1,0 +1,144 @@
+"""Routes on Spark: which table each topic's records go to, prepared on the driver before a task writes them.
+
+The routes are :mod:`kdg.flow.routes`' (the command line as one route, or ``--pipeline FILE``'s). Each
+topic gets one :class:`~kdg.spark.writer.WriteSpec`: its route's table (created, or checked against the
+route's mapping), its dead-letter topic (``TOPIC.dlq``) and, under exactly-once, the table's claim
+window, decided once per table. Executors pick their task's topic's spec from a
+:class:`~kdg.spark.writer.RoutedSpec`; Spark's Kafka source gives each task one topic-partition, so a
+task writes one table.
+
+A ``{source.table}`` template (a table read from each event) is ``kdg consume``'s only, for now.
+"""
+
+import re
+
+from kdg.errors import UsageError
+from kdg.flow.routes import Route, Router
+
+COMMAND_LINE = "the command line"
+
+
+def spark_router(topics: list[str], pattern: str | None, table: str | None, mapping, id_from: str | None,
+                 routes: Router | None = None) -> Router:
+    """The routes of a Spark command: ``--pipeline``'s, or the command line as one route (``--table`` may be a
+    template, ``mt_{topic}``); refused here: no topic at all, or a table read from each event."""
+    if routes is not None:
+        if topics or pattern:
+            raise UsageError("--pipeline names the topics in its routes; give no TOPIC or --topic-pattern too")
+        router = routes
+    else:
+        if not topics and not pattern:
+            raise UsageError("give a TOPIC, several, --topic-pattern REGEX or --pipeline FILE")
+        from kdg.flow.pipeline_file import PLACEHOLDER_TABLE
+
+        if mapping is not None and mapping.table.text != PLACEHOLDER_TABLE:
+            table = mapping.table.text
+        router = Router([Route(COMMAND_LINE, tuple(topics), pattern, table or "kdg_events", mapping, id_from)])
+    for route in router.routes:
+        if route.per_record:
+            raise UsageError(f"{route.name}: table {route.table!r} is read from each event's source block, which only "
+                             "kdg consume does for now; on Spark, name the table by {topic} or the pattern's groups")
+    return router
+
+
+def key_sql(router: Router, required: bool) -> str:
+    """The Spark SQL of every route's idempotency key (:func:`kdg.spark.job.key_expression`): one for all
+    the routes, since one frame holds every topic's records."""
+    from kdg.replay import _id_from
+    from kdg.spark.job import key_expression
+
+    found = {key_expression(*_id_from(r.id_from), required=required): r for r in router.routes}
+    if len(found) > 1:
+        a, b = list(found.values())[:2]
+        raise UsageError(f"routes {a.name} and {b.name} key their records differently (id_from {a.id_from!r} and "
+                         f"{b.id_from!r}); on Spark the routes of one pipeline share one id_from, for now")
+    return next(iter(found))
+
+
+def subscription(router: Router) -> dict[str, str]:
+    """Spark's Kafka source option for the routes' topics: ``subscribe`` (a comma list) with names only,
+    else ``subscribePattern``: one Java regular expression matching every topic a route takes, whole."""
+    if not any(r.pattern for r in router.routes):
+        return {"subscribe": ",".join(dict.fromkeys(router.names))}
+    parts = [re.escape(t) for t in dict.fromkeys(router.names)]
+    # Python's named groups are not Java's, and two routes may name alike: Spark only filters, so none capture
+    parts += [re.sub(r"\(\?P<\w+>", "(?:", r.pattern) for r in router.routes if r.pattern]
+    return {"subscribePattern": "|".join(f"(?:{p})" for p in parts)}
+
+
+def describe(router: Router) -> str:
+    """The topics, as the report and the query's name say them: ``a``, ``a,b`` or ``a,/b\\..*/``."""
+    return ",".join(s for r in router.routes for s in r.topics + ((f"/{r.pattern}/",) if r.pattern else ()))
+
+
+class SparkRoutes:
+    """Topic → its :class:`~kdg.spark.writer.WriteSpec`, made once per topic on the driver."""
+
+    def __init__(self, router: Router, store, conn, policy, *, group: str, chunk_rows: int, value_format: str,
+                 dedup_retention: str | None, echo):
+        self.router, self.store, self.conn, self.policy = router, store, conn, policy
+        self.group, self.chunk_rows, self.value_format = group, chunk_rows, value_format or "json"
+        self.dedup_retention, self.echo = dedup_retention, echo
+        self.specs: dict = {}            # topic → WriteSpec
+        self.routes: dict[str, str] = {}  # topic → its route's name
+        self.windows: dict = {}          # table (identity text) → its claim window (exactly-once)
+        self._tables: dict = {}          # (route, table as routed) → (TypedTarget | None, identity)
+
+    def check(self, topics) -> None:
+        """Each topic's route and table, refused (two routes, a bad name) before any table is made."""
+        for topic in topics:
+            self.router.target(topic)
+
+    def prepare(self, topic: str):
+        """``topic``'s WriteSpec: its table made (or checked against the mapping) and its window decided, once."""
+        from kdg.replay import _id_from
+        from kdg.spark.writer import DeadLetterSpec, WriteSpec
+
+        if topic in self.specs:
+            return self.specs[topic]
+        target = self.router.target(topic)
+        made = (target.route.name, target.table)
+        if made not in self._tables:
+            if target.mapping is not None:
+                typed, _ = self.store.prepare_typed(target.mapping)
+                self._tables[made] = (typed, typed.mapping.table)
+            else:
+                self._tables[made] = (None, self.store.ensure_sink_table(target.table))
+        typed, identity = self._tables[made]
+        if self.policy.dedup and identity.text not in self.windows:
+            from kdg.retention import decide_dedup_window
+
+            self.windows[identity.text] = decide_dedup_window(self.store, self.conn, topic, identity,
+                                                              self.dedup_retention, self.echo)
+        kind, _ = _id_from(target.route.id_from)
+        spec = self.specs[topic] = WriteSpec(
+            self.conn.pg_dsn, identity.text, self.group, self.policy.dedup, self.chunk_rows, typed=typed,
+            id_from=target.route.id_from if kind == "json" else None,
+            value_format=typed.mapping.value_format if typed is not None else self.value_format,
+            registry=self.conn.registry,
+            dead_letters=DeadLetterSpec(self.policy.guarantee.value, self.conn.bootstrap_servers, topic,
+                                        self.conn.extra, self.group))
+        self.routes[topic] = target.route.name
+        return spec
+
+    def table(self, topic: str) -> str:
+        return self.specs[topic].table
+
+    @property
+    def typed(self) -> bool:
+        return any(s.typed is not None for s in self.specs.values())
+
+    @property
+    def in_order(self) -> bool:
+        """Some route keeps the latest version of a key (an upsert, or deletes): one task per partition."""
+        return any(r.mapping is not None and (r.mapping.mode == "upsert" or r.mapping.on_tombstone == "delete")
+                   for r in self.router.routes)
+
+    def routed(self):
+        from kdg.spark.writer import RoutedSpec
+
+        return RoutedSpec(dict(self.specs))
+
+    def tables_entry(self, topic: str, entries: dict) -> dict:
+        """The report's entry of ``topic``'s table (made on first use)."""
+        return entries.setdefault(self.table(topic), {"route": self.routes[topic], "topics": []})
