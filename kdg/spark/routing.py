@@ -56,13 +56,19 @@ def key_sql(router: Router, required: bool) -> str:
 
 
 def subscription(router: Router) -> dict[str, str]:
-    """Spark's Kafka source option for the routes' topics: ``subscribe`` (a comma list) with names only,
-    else ``subscribePattern``: one Java regular expression matching every topic a route takes, whole."""
+    r"""Spark's Kafka source option for the routes' topics: ``subscribe`` (a comma list) with names only,
+    else ``subscribePattern``: one Java regular expression matching every topic a route takes, whole.
+
+    >>> subscription(Router([Route("r", ("a.b",), r"x\.(?P<t>\w+)")]))["subscribePattern"]
+    '(?:a\\.b)|(?:(?!__)(?!.*\\.dlq$)(?:x\\.(?:\\w+)))'
+    """
     if not any(r.pattern for r in router.routes):
         return {"subscribe": ",".join(dict.fromkeys(router.names))}
     parts = [re.escape(t) for t in dict.fromkeys(router.names)]
-    # Python's named groups are not Java's, and two routes may name alike: Spark only filters, so none capture
-    parts += [re.sub(r"\(\?P<\w+>", "(?:", r.pattern) for r in router.routes if r.pattern]
+    # Python's named groups are not Java's, and two routes may name alike: Spark only filters, so none capture.
+    # As Route.takes: a pattern never takes a dead-letter topic (its records would come back) nor Kafka's own
+    parts += [r"(?!__)(?!.*\.dlq$)(?:" + re.sub(r"\(\?P<\w+>", "(?:", r.pattern) + ")"
+              for r in router.routes if r.pattern]
     return {"subscribePattern": "|".join(f"(?:{p})" for p in parts)}
 
 
