@@ -10,7 +10,8 @@
     [route.columns]
     id = { type = "bigint", from = "json:id" }
 
-A route with neither columns nor a mapping file is the generic sink table (``id_from`` names its key).
+A route with neither columns nor a mapping file is the generic sink table. ``id_from`` names the idempotency
+key of records without a ``kdg-id`` header, as ``--id-from`` does.
 A key the file does not know is refused, naming it and the keys there are.
 """
 
@@ -89,14 +90,15 @@ def _mapping(path: Path, where: str, entry: dict):
     inline = {k: entry[k] for k in _MAPPING_KEYS if k in entry}
     if not inline and "mapping" not in entry:
         return None
-    if "id_from" in entry:
-        raise UsageError(f"{where}: id_from is the generic table's key; a typed route is keyed by its key columns "
-                         "(or the kdg-id header)")
     from kdg.mapping.spec import build_mapping
 
     columns = inline.get("columns", {})
-    if not isinstance(columns, dict):
-        raise UsageError(f"{where}: [route.columns] must be a table of NAME = {{ type = …, from = … }}")
+    from_schema = columns == "from-schema"
+    if from_schema:
+        columns = {}
+    elif not isinstance(columns, dict):
+        raise UsageError(f"{where}: columns must be \"from-schema\" or a table [route.columns] of "
+                         "NAME = {{ type = …, from = … }}")
     specs = []
     for col, spec in columns.items():
         if not isinstance(spec, dict) or not isinstance(spec.get("from"), str) or not set(spec) <= {"type", "from"}:
@@ -109,7 +111,7 @@ def _mapping(path: Path, where: str, entry: dict):
                              table=PLACEHOLDER_TABLE, mode=inline.get("mode"), on_tombstone=inline.get("on_tombstone"),
                              create_table=bool(inline.get("create_table", False)), key=key,
                              envelope=inline.get("envelope"), value_format=inline.get("value_format"),
-                             key_format=inline.get("key_format"))
+                             key_format=inline.get("key_format"), from_schema=from_schema)
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}") from None
 

@@ -97,6 +97,7 @@ class Mapping:
     envelope: str = "none"             # debezium: json: sources read the event's after (before for a delete)
     value_format: str = "json"         # how the value is decoded for json: sources (kdg.schemas.codecs.FORMATS)
     key_format: str = "json"           # ... and the key for key:FIELD sources
+    from_schema: bool = False          # columns = "from-schema": each topic's columns come from its records' schema
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
@@ -188,20 +189,22 @@ def _file_column(path: Path, name: str, entry) -> Column:
 def build_mapping(*, file: Path | None = None, columns: list[str] | None = None, table: str | None = None,
                   mode: str | None = None, on_tombstone: str | None = None, create_table: bool = False,
                   key: tuple[str, ...] = (), envelope: str | None = None, value_format: str | None = None,
-                  key_format: str | None = None) -> Mapping | None:
+                  key_format: str | None = None, from_schema: bool = False) -> Mapping | None:
     """The mapping the flags and file describe, flags winning; None when no typed-sink option was given.
 
     Under ``envelope = debezium`` the mode defaults to upsert and tombstones to delete: a change stream's
     creates and updates replace the row, its deletes remove it."""
     if file is None and not columns and mode is None and on_tombstone is None and not create_table \
-            and envelope is None:
+            and envelope is None and not from_schema:
         return None  # (a --value-format alone is for the stdout sink or --id-from; the caller checks it)
     base = load_file(file) if file is not None else {}
     merged: dict[str, Column] = {c.name: c for c in base.get("columns", [])}
     for column in map(parse_column, columns or []):
         merged[column.name] = column
     table = table or base.get("table")
-    if not merged:
+    if from_schema and merged:
+        raise UsageError("columns = \"from-schema\" takes every column from the records' schema; list none")
+    if not merged and not from_schema:
         raise UsageError("a typed sink needs columns: --column 'NAME [TYPE] = SOURCE' or [columns] in --mapping")
     if not table:
         raise UsageError("a typed sink needs its table: --table [SCHEMA.]NAME, or table = in --mapping")
@@ -212,7 +215,10 @@ def build_mapping(*, file: Path | None = None, columns: list[str] | None = None,
                       mode or base.get("mode") or ("upsert" if cdc else "insert"), key,
                       on_tombstone or base.get("on_tombstone") or ("delete" if cdc else "dead-letter"),
                       bool(create_table or base.get("create_table")), envelope,
-                      value_format or base.get("value_format") or "json", key_format or base.get("key_format") or "json")
+                      value_format or base.get("value_format") or "json", key_format or base.get("key_format") or "json",
+                      from_schema)
+    if from_schema:  # its columns (and key) are each topic's records' (kdg.mapping.from_record): checked then
+        return replace(validate(replace(mapping, key=())), key=key)
     return validate(mapping)
 
 

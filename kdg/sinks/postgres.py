@@ -9,7 +9,7 @@ transaction (:mod:`kdg.store.unit`).
 """
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kdg import faults
 from kdg.flow.routes import Router, Target, source_block
@@ -20,7 +20,8 @@ from kdg.store.pg import Store
 from kdg.store.rows import SinkRows, sink_row
 from kdg.store.unit import Part
 
-UNROUTED_REASON = "a tombstone of a topic whose table its events name (no event of it read yet)"
+UNROUTED_REASON = ("its table is named by its topic's events (a {source.*} template, or columns from the schema), "
+                   "and no event of the topic read so far names it")
 
 
 @dataclass
@@ -73,6 +74,11 @@ class PostgresSink(Sink):
         target = self.router.target(topic, lambda: self._source(topic, records))
         if target.table is None:
             return None
+        if target.mapping is not None and target.mapping.from_schema:  # columns = "from-schema"
+            mapping = self._derive(topic, target, records)
+            if mapping is None:
+                return None
+            target = replace(target, mapping=mapping)
         writer = self._open(target, topic)
         self._by_topic[topic] = writer
         return writer
@@ -92,6 +98,19 @@ class PostgresSink(Sink):
             self.writers[identity.text] = writer
             self.on_table(self.store, identity, topic, self)
         return writer
+
+    @staticmethod
+    def _derive(topic: str, target: Target, records):
+        """The mapping of ``topic``'s table from the schema the first of its records that has one carries
+        (:func:`kdg.mapping.from_record.mapping_from_record`); None until one does."""
+        from kdg.mapping.from_record import mapping_from_record
+
+        for rec, _ in records:
+            if rec.topic == topic and rec.value is not None:
+                found = mapping_from_record(rec.value, rec.key, target.mapping, target.table)
+                if found is not None:
+                    return found
+        return None
 
     def _source(self, topic: str, records):
         """The source block of the first of ``topic``'s records that has one (a ``{source.*}`` template)."""
@@ -195,8 +214,8 @@ class PostgresSink(Sink):
     def submit(self, batch: Batch, *, atomic: bool) -> list[Outcome]:
         if self.pipeline is None or not atomic:
             return super().submit(batch, atomic=atomic)
-        parts, unrouted = self._parts(batch)
-        self.dlq.send(batch.dead)  # durable before the rows and offsets that account for them commit
+        parts, unrouted, unnamed = self._parts(batch)
+        self.dlq.send(batch.dead + unnamed)  # durable before the rows and offsets that account for them commit
         offsets = dict(batch.next_offsets)
         fences = {tp: self.fences.get(tp, -1) for tp in offsets}
         expected = {tp: self.stored.get(tp) for tp in offsets}
@@ -206,7 +225,7 @@ class PostgresSink(Sink):
             done = store.write_unit([p for p, _ in parts], self.group, claim=True, offsets=offsets, fences=fences,
                                     expected=expected, handler=self.handler, before_commit=_at_commit(True),
                                     turn=turn)
-            return _result(done, [], unrouted)
+            return _result(done, unnamed, unrouted)
 
         return self._finished(self.pipeline.submit(batch, write))
 
@@ -226,9 +245,9 @@ class PostgresSink(Sink):
         return outcomes
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
-        parts, unrouted = self._parts(batch)
-        self.dlq.send(batch.dead)  # durable before the rows and offsets that account for them commit
-        dead: list = []
+        parts, unrouted, unnamed = self._parts(batch)
+        self.dlq.send(batch.dead + unnamed)  # durable before the rows and offsets that account for them commit
+        dead: list = list(unnamed)
 
         def dead_letter(part: Part, result) -> None:  # inside the transaction: durable before it commits
             records = next(recs for p, recs in parts if p is part)
@@ -245,18 +264,22 @@ class PostgresSink(Sink):
             dead_letter=dead_letter, before_commit=_at_commit(atomic))
         return _result(done, dead, unrouted)
 
-    def _parts(self, batch: Batch) -> tuple[list[tuple[Part, list]], int]:
-        """The batch split by table: ``(part, its records)`` each, and how many records no table could take
-        yet (a tombstone of a topic whose table its events name, none read yet: filtered, and counted)."""
+    def _parts(self, batch: Batch) -> tuple[list[tuple[Part, list]], int, list]:
+        """The batch split by table: ``(part, its records)`` each; and the records no table could take yet,
+        their table named by their topic's events and none read so far naming it: the tombstones among them
+        are counted filtered (nothing to write), the others are dead letters with the reason."""
         if batch.rows is not None:  # one poll, sorted per batch: the generic table's rows (kdg.batching)
-            return self._row_parts(batch.rows), 0
+            return self._row_parts(batch.rows), 0, []
         groups: dict[str, tuple[TableWriter, list]] = {}
-        unrouted = 0
+        unrouted, unnamed = 0, []
         for pair in batch.records:
             topic = pair[0].topic
             writer = self._by_topic.get(topic) or self._writer(topic, batch.records)
             if writer is None:
-                unrouted += 1
+                if pair[0].value is None:
+                    unrouted += 1
+                else:
+                    unnamed.append((pair[0], UNROUTED_REASON, pair[1]))
                 continue
             entry = groups.get(writer.table.text)
             if entry is None:
@@ -270,7 +293,7 @@ class PostgresSink(Sink):
                 writer.rows.prepare(records)  # a registry that is away is waited for here, not inside the COPY
                 staged = writer.rows.staged(records, keep=self.handler is not None)  # made as the COPY reads them
                 parts.append((Part(writer.table, staged, writer.target), records))
-        return parts, unrouted
+        return parts, unrouted, unnamed
 
     def _row_parts(self, rows: SinkRows) -> list[tuple[Part, list]]:
         topics = rows.columns[1]

@@ -39,6 +39,11 @@ class Part:
     rows: object                      # SinkRows | kdg.mapping.rows.StagedRows
     target: TypedTarget | None = None  # None: the generic sink table
 
+    @property
+    def stage(self) -> str:
+        """The temp table this part stages its rows in (``ON COMMIT DELETE ROWS``)."""
+        return self.target.stage if self.target is not None else "kdg_stage"
+
     async def write(self, store, group: str, claim: bool, keep_written: bool) -> tuple[PartResult, list | None]:
         """Write inside the open transaction; the result, and (``keep_written``) the rows a handler is given."""
         conn = store.conn
@@ -85,8 +90,11 @@ class UnitMixin:
         async with self.conn.transaction():
             if turn is not None:
                 turn.wait_claims()
-            handed = []
+            handed, staged = [], set()
             for part in parts:
+                if part.stage in staged:  # an earlier part of this transaction left its rows there
+                    await self.conn.execute(f"DELETE FROM {part.stage}")
+                staged.add(part.stage)
                 result, listed = await part.write(self, group, claim, handler is not None)
                 results.append(result)
                 handed.append(listed)
