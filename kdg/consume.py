@@ -68,6 +68,7 @@ class ConsumeRequest:
     max_dead_letters: str | None = None  # N | P% | all: past it the run stops, exit 7 (kdg.accounting)
     topic_pattern: str | None = None  # a regular expression: every topic it matches, as they appear
     routes: "Router | None" = None    # --pipeline FILE's routes (kdg.flow.pipeline_file); None: the command line's
+    transform: "str | Callable | None" = None  # module:function (or a function): each record's rows (kdg.flow.transform)
 
     @property
     def topics(self) -> list[str]:
@@ -87,7 +88,7 @@ class ConsumeRequest:
         if self.mapping is not None and self.mapping.table.text != PLACEHOLDER_TABLE:
             table = self.mapping.table.text
         return Router([Route("the command line", tuple(self.topics), self.topic_pattern, table, self.mapping,
-                             self.id_from)])
+                             self.id_from, transform=self.transform)])
 
 
 @dataclass
@@ -101,7 +102,8 @@ class ConsumeReport:
     written: int = 0                 # rows written (inserted or updated), or records sent on
     superseded: int = 0              # an upsert's earlier versions of a key in the same batch
     deleted: int = 0                 # tombstones and change-data-capture deletes applied
-    filtered: int = 0                # left out on purpose (a tombstone under on_tombstone = ignore)
+    filtered: int = 0                # left out on purpose (a transform's None; a tombstone under on_tombstone = ignore)
+    exploded: int = 0                # rows beyond one per record a transform made: consumed + exploded = the buckets
     duplicates_suppressed: int = 0
     dead_lettered: int = 0
     dead_letter_reasons: dict = field(default_factory=dict)  # reason class → count (kdg.accounting)
@@ -184,6 +186,8 @@ class Keys:
         for route in router.routes:  # a malformed --id-from is refused before anything is read
             self._for(route)
         self.plain = all(r.kind is None for r in self._by_route.values())  # every key from the kdg-id header
+        self.transforms = {r.name: _transform(self.req, r) for r in router.routes if r.transform is not None}
+        self.plain = self.plain and not self.transforms  # a transform reads each record
 
     def _for(self, route) -> KeyResolver:
         found = self._by_route.get(route.name)
@@ -194,11 +198,47 @@ class Keys:
             found = self._by_route[route.name] = KeyResolver(id_from, decode, envelope=envelope)
         return found
 
+    def transformed(self, batch: Batch) -> None:
+        """Each record through its route's transform: rows in place of records, filtered and failed counted."""
+        if not self.transforms or not batch.records:
+            return
+        records, batch.records = batch.records, []
+        run: list = []
+        route = None
+        for pair in records + [(None, None)]:  # runs of one route, in order
+            now = self.router.route(pair[0].topic).name if pair[0] is not None else None
+            if now != route and run:
+                self._apply(route, run, batch)
+                run = []
+            route = now
+            run.append(pair)
+
+    def _apply(self, route: str, run: list, batch: Batch) -> None:
+        fn = self.transforms.get(route)
+        if fn is None:
+            batch.records += run
+            return
+        filtered, extra = fn.apply(run, batch.records, batch.dead)
+        batch.filtered += filtered
+        batch.exploded += extra
+
     def of(self, topic: str) -> KeyResolver:
         found = self._by_topic.get(topic)
         if found is None:
             found = self._by_topic[topic] = self._for(self.router.route(topic))
         return found
+
+
+def _transform(req: ConsumeRequest, route):
+    """The route's transform, its value and key decoded by its formats (a mapping's, else the request's)."""
+    from kdg.flow.transform import Transform, load_function
+    from kdg.schemas.codecs import optional_decoder
+
+    fn = load_function(route.transform, "--transform")
+    formats = (route.mapping.value_format, route.mapping.key_format) if route.mapping is not None else (
+        req.value_format, "json")
+    decode = [optional_decoder(f, req.conn.registry) for f in formats]
+    return Transform(fn, *decode)
 
 
 def _sort(msgs, keys: Keys, req: ConsumeRequest, must_have_key: bool) -> Batch:
@@ -469,6 +509,7 @@ def _handle(msgs, req, policy, keys, offsets, sink, report, metrics) -> None:
         batch = sort_rows(msgs, req.max_bytes, req.require_utf8, must_have_key=policy.dedup)
     if batch is None:
         batch = _sort(msgs, keys, req, must_have_key=policy.dedup)
+        keys.transformed(batch)
     msgs.clear()
     if not offsets.before_write(batch):
         report.fenced_batches += 1  # not ours any more: processing it could repeat the new owner's work
@@ -514,7 +555,9 @@ def _account(batch, result, req, report) -> None:
     """Count a committed batch's records into their buckets; a status line as dead letters mount."""
     report.consumed += len(batch)
     report.batches += 1
-    report.processed += batch.good - result.dead_lettered
+    report.processed += batch.good - batch.exploded - result.dead_lettered + batch.filtered
+    report.filtered += batch.filtered
+    report.exploded += batch.exploded
     report.written += result.written
     report.superseded += result.superseded
     report.deleted += result.deleted

@@ -197,7 +197,7 @@ class Metrics:
         self.dead_lettered.labels(g, topic).inc(len(batch.dead) + result.dead_lettered)
         self.superseded.labels(g, topic).inc(result.superseded)
         self.deleted.labels(g, topic).inc(result.deleted)
-        self.filtered.labels(g, topic).inc(result.filtered)
+        self.filtered.labels(g, topic).inc(result.filtered + batch.filtered)
         self.stepped_over.labels(g, topic).inc(len(batch.probes))
         if batch.dead or result.dead_reasons:
             from kdg.sinks.dead_letters import tally

@@ -274,6 +274,8 @@ def consume(
     max_bytes: Annotated[int, typer.Option(help="Larger values go to the dead-letter topic.")] = 1_048_576,
     handler: Annotated[Optional[str], typer.Option(help="module:function called with each batch (and the open "
                        "Postgres connection, inside the transaction).")] = None,
+    transform: Annotated[Optional[str], typer.Option(help="module:function called with each record (decoded): "
+                         "returns a dict (the row), a list of dicts (one row each) or None (filtered out).")] = None,
     transactional_id: Annotated[Optional[str], typer.Option(help="kafka sink, exactly-once: transactional.id.")] = None,
     pg_wait: Annotated[float, typer.Option(help="Seconds to keep reconnecting while Postgres is unreachable, "
                        "restarting or out of connections, before giving up (exit 5).")] = 120.0,
@@ -335,6 +337,9 @@ def consume(
         "(--column or --mapping), --id-from json: or the stdout sink")
     table = table if template else typed.table.text if typed is not None else _sink_table(table)
     load_handler(handler)  # a handler that cannot be imported is refused before anything is read
+    if transform is not None and routes is not None:
+        raise UsageError("--transform is the command line's route's; in a pipeline file each route says "
+                         "transform = \"module:function\"")
     topics = topic or []
     shown = ",".join(topics) or topic_pattern or f"--pipeline {pipeline}"
     bar, progress = _progress(f"consuming {shown}", count, not as_json and sink != "stdout")
@@ -348,7 +353,8 @@ def consume(
                              batch_ms=batch_ms, max_bytes=max_bytes, handler=handler, transactional_id=transactional_id,
                              progress=progress, pg_wait=pg_wait, pipeline=pipeline_depth, dedup_retention=dedup_retention,
                              shutdown=shutdown, wait_timeout=wait_timeout, metrics_port=metrics_port,
-                             metrics_host=metrics_host, notice=_notice, max_dead_letters=max_dead_letters)
+                             metrics_host=metrics_host, notice=_notice, max_dead_letters=max_dead_letters,
+                             transform=transform)
         report = _run_with_bar(bar, run_consume, req)
     if as_json:
         print_json(report)

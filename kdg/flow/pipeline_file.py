@@ -24,7 +24,7 @@ from kdg.flow.routes import Route, Router
 
 _MAPPING_KEYS = ("mode", "key", "on_tombstone", "create_table", "envelope", "value_format", "key_format",
                  "columns")
-ROUTE_KEYS = ("name", "topics", "topic_pattern", "table", "mapping", "id_from", *_MAPPING_KEYS)
+ROUTE_KEYS = ("name", "topics", "topic_pattern", "table", "mapping", "id_from", "transform", *_MAPPING_KEYS)
 PLACEHOLDER_TABLE = "kdg_route_table"  # a typed route's mapping is built with this; the template fills it
 
 
@@ -58,7 +58,8 @@ def _route(path: Path, index: int, entry: dict) -> Route:
     if unknown:
         raise UsageError(f"{where}: unknown key {unknown[0]!r}{_did_you_mean(unknown[0], ROUTE_KEYS)}; "
                          f"a route's keys are {', '.join(ROUTE_KEYS)}")
-    for key, kind in (("name", str), ("topic_pattern", str), ("table", str), ("mapping", str), ("id_from", str)):
+    for key, kind in (("name", str), ("topic_pattern", str), ("table", str), ("mapping", str), ("id_from", str),
+                      ("transform", str)):
         if key in entry and not isinstance(entry[key], kind):
             raise UsageError(f"{where}: {key} must be a string, not {entry[key]!r}")
     topics = entry.get("topics", [])
@@ -72,7 +73,7 @@ def _route(path: Path, index: int, entry: dict) -> Route:
         raise UsageError(f"{where}: a typed route needs its table: table = \"[SCHEMA.]NAME\" or a template")
     try:
         return Route(str(name), tuple(topics), entry.get("topic_pattern"), table or "kdg_events", mapping,
-                     entry.get("id_from"), options={k: v for k, v in entry.items() if k != "columns"})
+                     entry.get("id_from"), entry.get("transform"), options={k: v for k, v in entry.items() if k != "columns"})
     except UsageError as exc:
         raise UsageError(f"--pipeline {path}: {exc}") from None
 

@@ -30,7 +30,8 @@ class Route:
     pattern: str | None = None          # a regular expression every topic it takes matches whole
     table: str = "kdg_events"           # a table name, or a template of one
     mapping: object = None              # kdg.mapping.Mapping (its table is the template's; see table_for)
-    id_from: str | None = None          # the generic route's --id-from
+    id_from: str | None = None          # --id-from: the key of records without a kdg-id header
+    transform: object = None            # module:function (or a function): kdg.flow.transform
     options: dict = field(default_factory=dict, compare=False)  # what else the file said (kept for reports)
 
     def __post_init__(self) -> None:

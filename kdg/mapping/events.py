@@ -18,6 +18,7 @@ from typing import NamedTuple
 
 from kdg.mapping.connect import converter
 from kdg.mapping.record_schemas import ConnectJson, envelope_field, field_schema, from_avro, is_wrapped
+from kdg.flow.transform import Derived
 from kdg.mapping.sources import as_text, json_text, parse_json
 
 UPSERTS = frozenset(("c", "u", "r"))  # Debezium's create, update, read (snapshot): the row is `after`
@@ -65,6 +66,8 @@ class RecordReader:
         """What ``rec``'s sources read; ValueError (the record's dead letter) if its value or key cannot be read,
         or is not a change event under the envelope."""
         tomb = rec.value is None
+        if type(rec) is Derived:  # a transform's row: already decoded
+            return self._derived(rec)
         if not self.cdc:
             if self._plain:  # JSON values, no key: sources: the common case, kept short
                 if tomb:
@@ -114,6 +117,19 @@ class RecordReader:
             return {"value": kschema if field == "key" else envelope_field(vschema, field), "key": kschema,
                     "source": envelope_field(vschema, "source"), "envelope": vschema}
         return Document(deleted, row, event, key_doc, self._plan((vid, field, kid), roots), field == "key")
+
+    def _derived(self, rec) -> Document:
+        """A transform's row (:class:`kdg.flow.transform.Derived`): what ``json:`` reads; under the debezium
+        envelope, the change event the transform returned."""
+        key_doc = self._key(rec)[0] if self._reads_key and rec.key is not None else None
+        if not self.cdc:
+            return Document(False, rec.row, None, key_doc, None)
+        event, op = rec.row, rec.row.get("op")
+        if op in UPSERTS and type(event.get("after")) is dict:
+            return Document(False, event["after"], event, key_doc, None)
+        if op == "d" and type(event.get("before")) is dict:
+            return Document(True, event["before"], event, key_doc, None)
+        raise ValueError(f"the transform returned no Debezium change event (op {op!r} with its row)")
 
     def texts(self, rec, key, doc: Document, names) -> list:
         """The text of each source for ``rec`` (``key``: its idempotency key); a value its column cannot take

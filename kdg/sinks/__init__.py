@@ -29,6 +29,8 @@ class Batch:
     first_timestamps: dict[tuple[str, int], int] = field(default_factory=dict)  # per partition, its first record's
     probes: list[tuple[str, int]] = field(default_factory=list)  # the (topic, partition) of each `kdg doctor` probe
     #                                                   record stepped over: read, offsets moved on, nothing written
+    filtered: int = 0   # records a transform left out (returned None): read, counted, nothing written
+    exploded: int = 0   # rows beyond one per record that transforms made (a record that became several rows)
 
     @property
     def good(self) -> int:
@@ -47,7 +49,8 @@ class Batch:
         return found + [(rec.topic, rec.partition) for rec, _ in self.records]
 
     def __len__(self) -> int:
-        return self.good + len(self.dead) + len(self.probes)
+        """The records read (a record a transform made several rows of counts once)."""
+        return self.good - self.exploded + len(self.dead) + len(self.probes) + self.filtered
 
     @staticmethod
     def earliest(batches: "list[Batch]") -> "Batch":
@@ -59,6 +62,8 @@ class Batch:
             merged.records += batch.records
             merged.dead += batch.dead
             merged.probes += batch.probes
+            merged.filtered += batch.filtered
+            merged.exploded += batch.exploded
             for tp, offset in batch.first_offsets.items():
                 merged.first_offsets[tp] = min(offset, merged.first_offsets.get(tp, offset))
             for tp, offset in batch.next_offsets.items():

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 from kdg import faults
 from kdg.flow.routes import Router, Target, source_block
+from kdg.flow.transform import Derived
 from kdg.sinks import Batch, Outcome, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue, refused_row, tally
 from kdg.sinks.pipeline import Pipeline
@@ -288,7 +289,9 @@ class PostgresSink(Sink):
         parts = []
         for writer, records in groups.values():
             if writer.target is None:
-                parts.append((Part(writer.table, SinkRows.of([sink_row(rec, key) for rec, key in records])), records))
+                parts.append((Part(writer.table, SinkRows.of([sink_row(rec, key) if type(rec) is not Derived else
+                                                              sink_row(replace(rec, value=rec.as_value()), key)
+                                                              for rec, key in records])), records))
             else:
                 writer.rows.prepare(records)  # a registry that is away is waited for here, not inside the COPY
                 staged = writer.rows.staged(records, keep=self.handler is not None)  # made as the COPY reads them
