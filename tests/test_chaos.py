@@ -191,3 +191,36 @@ def test_spark_stream_broker_and_postgres_faults_keep_exactly_once(stack):
     for key, cell in cells.items():
         assert (cell.lost, cell.duplicates, cell.unexpected) == (0, 0, 0), (key, cell)
     assert cluster.status(stack, with_quorum=False).healthy
+
+
+@pytest.mark.long
+def test_a_cell_of_three_topics_keeps_exactly_once_across_tables_and_at_least_once_repeats(kdg, stack):
+    """`kdg chaos run --topics 3`: one consume per member reads three topics into three tables, one transaction per
+    batch across them, and is SIGKILLed at each kill point (inside-pg-transaction among them). Exactly-once loses
+    and repeats nothing in any table; at-least-once repeats, so the kills were real. Each topic is audited against
+    its table, and the cells' topics and tables are gone afterwards."""
+    run = kdg("chaos", "run", "--topics", 3, "-g", "exactly-once,at-least-once", "--faults", "consumer-kill",
+              "--messages", MESSAGES, "--json", timeout=900)
+    report = json.loads(run.stdout)
+    assert report["topics"] == 3, report
+    cells = {c["guarantee"]: c for c in report["cells"]}
+    for cell in cells.values():
+        events = [e["event"] for e in cell["timeline"]]
+        assert cell["verdict"] == "PASS" and cell["fault_fired"], cell
+        assert "SIGKILL consumer at inside-pg-transaction" in events, events
+        assert len([e for e in events if e.startswith("audit ")]) == 3, events  # each topic against its table
+        spanning = next(e for e in events if "sink transactions wrote several tables" in e)
+        assert int(spanning.split()[0]) > 0, events  # batches held records of several topics
+        for topic in (f"{cell['topic']}-{i}" for i in (1, 2, 3)):
+            assert _left_behind(stack, topic) == {} and not _table_exists(stack, topic), cell
+    eo, alo = cells["exactly-once"], cells["at-least-once"]
+    assert (eo["lost"], eo["duplicates"], eo["processed_unique"]) == (0, 0, 3 * MESSAGES), eo
+    assert alo["duplicates"] > 0 and alo["lost"] == 0, alo
+
+
+def _table_exists(stack, name: str) -> bool:
+    from kdg.settings import TableName
+    from kdg.store.pg import Store
+
+    with Store(stack.pg_dsn) as store:
+        return store.fetchval("SELECT to_regclass($1) IS NOT NULL", TableName(None, name).sql)

@@ -1,4 +1,10 @@
-"""One chaos cell: a fresh topic and group, kdg processes to start and kill, a timeline, an audit."""
+"""One chaos cell: fresh topics and a group, kdg processes to start and kill, a timeline, an audit.
+
+A cell of one topic (the default) writes the ``kdg_events`` table, or ``kafka:TOPIC-out``. A cell of
+N topics (``kdg chaos run --topics N``) produces ``TOPIC-1`` … ``TOPIC-N`` and reads them all with one
+``kdg consume`` per member: into one table per topic, named as the topic (``--table '"{topic}"'``), so
+a batch's transaction spans tables; or into ``kafka:{topic}-out``, one output per input.
+"""
 
 import os
 import shutil
@@ -10,8 +16,14 @@ import uuid
 from dataclasses import dataclass, field
 
 from kdg.lifecycle import DIE_WITH_PARENT, StopRequested
-from kdg.settings import Connection
+from kdg.settings import Connection, TableName, table_name
 from kdg.stack.layout import StackLayout
+
+# A cell of several topics has them produced and read in small slices (4 KiB record batches, 4 KiB a partition per
+# fetch), as under a live load: each fetch brings a few records of every partition, so most batches, and the
+# transactions the kill points land in, span topics and tables. Produced and fetched whole, a partition's records
+# arrive in one run and most batches hold one topic.
+SLICES = {"produce": ("-X", "batch.size=4096"), "consume": ("-X", "max.partition.fetch.bytes=4096")}
 
 
 @dataclass
@@ -35,7 +47,7 @@ class CellResult:
     zombie_refused_batches: int = 0
     timeline: list = field(default_factory=list)
     progress: list = field(default_factory=list)
-    topic: str = ""        # the cell's input topic; its data is deleted after the audit unless kept
+    topic: str = ""        # the cell's input topic (the stem of TOPIC-1 … TOPIC-N); deleted after the audit unless kept
     kept: bool = False     # the cell's topics and rows were left in place (--keep, or a failed cell)
 
 
@@ -43,12 +55,13 @@ class Cell:
     """Runs kdg as real processes for one guarantee × fault × repetition, and records what happened."""
 
     def __init__(self, layout: StackLayout, guarantee: str, fault: str, repetition: int, messages: int, sink: str,
-                 stop=None):
+                 stop=None, topics: int = 1):
         self._stop = stop  # a kdg.lifecycle.Shutdown: once it is requested, no process starts
         self.layout, self.guarantee, self.fault, self.messages = layout, guarantee, fault, messages
+        self.topic_count = topics  # records: ``messages`` per topic
         tag = uuid.uuid4().hex[:8]
         self.topic, self.group = f"chaos-{fault}-{tag}", f"chaos-{guarantee}-{tag}"
-        self.sink = "postgres" if sink == "postgres" else f"kafka:{self.topic}-out"
+        self.sink = "postgres" if sink == "postgres" else f"kafka:{self.topic if topics == 1 else '{topic}'}-out"
         self.result = CellResult(guarantee, fault, repetition, topic=self.topic)
         # the cell's own checks use the stack's admin profile; its kdg processes the client user's
         self.conn = Connection(layout.bootstrap_servers, layout.pg_dsn, layout.admin_properties())
@@ -58,6 +71,53 @@ class Cell:
         self._sampling = False
         self._procs: list[subprocess.Popen] = []
         self._lock = threading.Lock()  # a process starts, or they are all killed: one at a time
+
+    # -- topics and where they go ------------------------------------------------------------
+    @property
+    def topics(self) -> list[str]:
+        """The input topics: the cell's topic, or ``TOPIC-1`` … ``TOPIC-N``."""
+        if self.topic_count == 1:
+            return [self.topic]
+        return [f"{self.topic}-{i}" for i in range(1, self.topic_count + 1)]
+
+    def targets(self) -> list[tuple[str, str, str]]:
+        """(input topic, sink, table) to audit: each topic against what its records were written to."""
+        if self.topic_count == 1:
+            return [(self.topic, self.sink, "kdg_events")]
+        if self.sink == "postgres":
+            return [(t, "postgres", TableName(None, t).text) for t in self.topics]
+        return [(t, self.sink.replace("{topic}", t), "kdg_events") for t in self.topics]
+
+    @property
+    def outputs(self) -> list[str]:
+        """A Kafka sink's output topics."""
+        return [sink[6:] for _, sink, _ in self.targets() if sink.startswith("kafka:")]
+
+    @property
+    def tables(self) -> list[str]:
+        """The tables of their own the cell's topics were written to (none: they share kdg_events)."""
+        return [table for _, sink, table in self.targets() if sink == "postgres" and table != "kdg_events"]
+
+    def transactions_across_tables(self) -> tuple[int, int]:
+        """(sink transactions that wrote several of the cell's tables, all of them), told by the rows' consumed_at:
+        the time their transaction began (``now()``), the same in every table it wrote."""
+        from kdg.store.pg import Store
+
+        with Store(self.layout.pg_dsn) as store:
+            found = [table_name(t).sql for t in self.tables]
+            found = [t for t in found if store.fetchval("SELECT to_regclass($1) IS NOT NULL", t)]
+            if not found:
+                return 0, 0
+            each = " UNION ALL ".join(f"SELECT DISTINCT consumed_at FROM {t}" for t in found)
+            row, = store.fetch(f"SELECT count(*) FILTER (WHERE n > 1) AS spanning, count(*) AS batches FROM "
+                               f"(SELECT consumed_at, count(*) AS n FROM ({each}) AS t GROUP BY consumed_at) AS b")
+            return row["spanning"], row["batches"]
+
+    def ensure_topics(self, partitions: int) -> None:
+        from kdg.kafka.admin import ensure_topic
+
+        for topic in self.topics:
+            ensure_topic(self.layout.bootstrap_servers, topic, partitions=partitions, extra=self.conn.extra)
 
     # -- timeline ----------------------------------------------------------------------------
     def now(self) -> float:
@@ -105,13 +165,18 @@ class Cell:
                     proc.wait()
 
     def produce(self, *extra, guarantee: str | None = None, wait: bool = True):
-        proc = self.spawn("produce", self.topic, "-g", guarantee or self.guarantee, "--count", self.messages,
-                          "--size", 100, *extra)
-        return finish(proc) if wait else proc
+        """``messages`` records to each input topic, a producer per topic side by side: finished (see
+        :func:`finish_all`), or the running producers (``wait=False``)."""
+        slices = SLICES["produce"] if self.topic_count > 1 else ()
+        procs = [self.spawn("produce", topic, "-g", guarantee or self.guarantee, "--count", self.messages,
+                            "--size", 100, *slices, *extra) for topic in self.topics]
+        return finish_all(procs) if wait else procs
 
     def consume_args(self, *extra) -> list:
-        return ["consume", self.topic, "-G", self.group, "-g", self.guarantee, "--sink", self.sink,
-                "--batch-size", self.batch, "--transactional-id", f"kdg-chaos-{self.group}", *extra]
+        tables = ["--table", '"{topic}"'] if self.tables else []  # a table per topic, named as it
+        slices = SLICES["consume"] if self.topic_count > 1 else ()
+        return ["consume", *self.topics, "-G", self.group, "-g", self.guarantee, "--sink", self.sink, *tables,
+                "--batch-size", self.batch, "--transactional-id", f"kdg-chaos-{self.group}", *slices, *extra]
 
     def consume(self, *extra, env: dict | None = None) -> subprocess.Popen:
         return self.spawn(*self.consume_args(*extra), env=env)
@@ -151,7 +216,7 @@ class Cell:
                 try:  # Postgres may be restarting (a fault): the progress line just has a gap
                     if self.sink == "postgres":
                         store = store or Store(self.layout.pg_dsn)
-                        n = store.fetchval("SELECT count(*) FROM kdg_events WHERE topic = $1", self.topic)
+                        n = self._pg_delivered(store)
                     else:
                         n = self._kafka_delivered()
                     self.result.progress.append({"t": self.now(), "delivered": int(n)})
@@ -164,11 +229,18 @@ class Cell:
             if store is not None:
                 store.close()
 
+    def _pg_delivered(self, store) -> int:
+        if not self.tables:
+            return store.fetchval("SELECT count(*) FROM kdg_events WHERE topic = $1", self.topic)
+        sql = [table_name(t).sql for t in self.tables]  # a table not made yet has delivered nothing
+        return sum(store.fetchval(f"SELECT count(*) FROM {t}") for t in sql
+                   if store.fetchval("SELECT to_regclass($1) IS NOT NULL", t))
+
     def _kafka_delivered(self) -> int:
         from kdg.kafka.admin import watermarks
 
-        return sum(high - low for low, high in watermarks(self.layout.bootstrap_servers, self.sink[6:],
-                                                                   self.conn.extra).values())
+        return sum(high - low for out in self.outputs
+                   for low, high in watermarks(self.layout.bootstrap_servers, out, self.conn.extra).values())
 
     def stop_sampling(self) -> None:
         self._sampling = False
@@ -181,8 +253,8 @@ class Cell:
         A long matrix otherwise keeps every cell's records three times over on the brokers and once more in
         Postgres (tens of GB over a 100k × 3 run), and a disk that fills makes the next run fail for nothing.
         """
-        outputs = [self.sink[6:]] if self.sink.startswith("kafka:") else []
-        forget(self.layout.bootstrap_servers, self.layout.pg_dsn, self.conn.extra, self.topic, [self.group], outputs)
+        forget(self.layout.bootstrap_servers, self.layout.pg_dsn, self.conn.extra, self.topics, [self.group],
+               self.outputs, self.tables)
 
 
 def checkpoint_dir(layout: StackLayout, tag: str):
@@ -190,26 +262,44 @@ def checkpoint_dir(layout: StackLayout, tag: str):
     return layout.state_dir / "chaos-checkpoints" / tag
 
 
-def forget(bootstrap: str, dsn: str, extra: dict, topic: str, groups: list[str], outputs: list[str] = ()) -> None:
-    """Delete a cell's topics (``topic``, a Kafka sink's ``outputs``, the dead-letter topic of each) and its rows:
-    kdg_events and the claims filed under its identity, the ``groups``' offsets and replays, the ledger."""
+def forget(bootstrap: str, dsn: str, extra: dict, topics: list[str], groups: list[str], outputs: list[str] = (),
+           tables: list[str] = ()) -> None:
+    """Delete a cell's topics (its input ``topics``, a Kafka sink's ``outputs``, the dead-letter topic of each) and
+    its rows: kdg_events and the claims filed under its identity, the ``groups``' offsets and replays, the ledger;
+    and the cell's own ``tables`` (one per topic), with the claims filed under theirs."""
     from kdg.kafka.admin import delete_topics
     from kdg.sinks.dead_letters import dlq_topic
     from kdg.store.pg import Store
 
-    delete_topics(bootstrap, [t for name in (topic, *outputs) for t in (name, dlq_topic(name))], extra)
+    delete_topics(bootstrap, [t for name in (*topics, *outputs) for t in (name, dlq_topic(name))], extra)
     store = Store(dsn)
     try:
         sink = store.resolve_table("kdg_events").text  # the identity claims are kept under
-        for sql, *args in (("DELETE FROM kdg_events WHERE topic = $1", topic),
-                           ("DELETE FROM kdg_dedup WHERE sink_table = $1 AND topic = $2", sink, topic),
-                           ("DELETE FROM kdg_offsets WHERE consumer_group = ANY($1::text[])", groups),
-                           ("DELETE FROM kdg_replays WHERE consumer_group = ANY($1::text[])", groups),
-                           ("DELETE FROM kdg_ledger WHERE topic = $1", topic),
-                           ("DELETE FROM kdg_producer_runs WHERE topic = $1", topic)):
-            store.execute(sql, *args)
+        for topic in topics:
+            for sql, *args in (("DELETE FROM kdg_events WHERE topic = $1", topic),
+                               ("DELETE FROM kdg_dedup WHERE sink_table = $1 AND topic = $2", sink, topic),
+                               ("DELETE FROM kdg_ledger WHERE topic = $1", topic),
+                               ("DELETE FROM kdg_producer_runs WHERE topic = $1", topic)):
+                store.execute(sql, *args)
+        store.execute("DELETE FROM kdg_offsets WHERE consumer_group = ANY($1::text[])", groups)
+        store.execute("DELETE FROM kdg_replays WHERE consumer_group = ANY($1::text[])", groups)
+        for table in tables:
+            identity = store.resolve_table(table)
+            store.execute("DELETE FROM kdg_dedup WHERE sink_table = $1", identity.text)
+            store.execute(f"DROP TABLE IF EXISTS {identity.sql}")
     finally:
         store.close()
+
+
+def finish_all(procs: list[subprocess.Popen], timeout: float = 600) -> tuple[int, dict, str]:
+    """Wait for producers run side by side, as one: the first failure's exit code (else 0), their rates
+    summed in ``msgs_per_s``, their stderr joined. One process is :func:`finish`'s answer unchanged."""
+    if len(procs) == 1:
+        return finish(procs[0], timeout)
+    done = [finish(proc, timeout) for proc in procs]
+    code = next((c for c, _, _ in done if c != 0), 0)
+    report = {"msgs_per_s": round(sum(r.get("msgs_per_s", 0.0) for _, r, _ in done), 1)}
+    return code, report, "".join(err for _, _, err in done)
 
 
 def finish(proc: subprocess.Popen, timeout: float = 600) -> tuple[int, dict, str]:

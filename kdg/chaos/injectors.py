@@ -8,7 +8,7 @@ fault take effect (a process died or stopped, a broker went down, a response was
 import signal
 import time
 
-from kdg.chaos.cell import Cell, finish
+from kdg.chaos.cell import Cell, finish, finish_all
 from kdg.stack import cluster, kafka_node, postgres, procs
 
 # pipelined-commit is reached only by exactly-once into Postgres (the one writer that overlaps batches)
@@ -67,24 +67,23 @@ def consumer_pause(cell: Cell) -> None:
 def _leader_of_partition_0(cell: Cell) -> int:
     from kdg.kafka.admin import describe_topic
 
-    return describe_topic(cell.layout.bootstrap_servers, cell.topic, cell.conn.extra)["leaders"][0]
+    return describe_topic(cell.layout.bootstrap_servers, cell.topics[0], cell.conn.extra)["leaders"][0]
 
 
 def _broker_down(cell: Cell, hard: bool) -> None:
-    from kdg.kafka.admin import ensure_topic
-
-    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3, extra=cell.conn.extra)
+    cell.ensure_topics(partitions=3)
     rate = max(200, cell.messages // 8)
     producer = cell.produce("--rate", rate, wait=False)
     consumer = cell.consume("--idle-timeout", 20)
     time.sleep(2)
     _bounce_leader(cell, hard)
-    _record_produce(cell, finish(producer))
+    _record_produce(cell, finish_all(producer))
     finish(consumer)
 
 
 def _bounce_leader(cell: Cell, hard: bool) -> None:
-    """Stop partition 0's leader (SIGKILL or SIGTERM), start it again 5 s later; the timeline says both."""
+    """Stop partition 0's leader (of the first topic; SIGKILL or SIGTERM), start it again 5 s later; the timeline
+    says both."""
     leader = _leader_of_partition_0(cell)
     if cluster.kill_node(cell.layout, leader, hard=hard):
         cell.result.fault_fired = True
@@ -126,10 +125,9 @@ def postgres_restart(cell: Cell) -> None:
 
 def min_isr(cell: Cell) -> None:
     """Stop brokers until fewer than min.insync.replicas remain; show NotEnoughReplicas; restore."""
-    from kdg.kafka.admin import ensure_topic
     from kdg.kafka.clients import probe_producer
 
-    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3, extra=cell.conn.extra)
+    cell.ensure_topics(partitions=3)
     survivors = cell.layout.node_ids[:1]
     stopped = [n for n in cell.layout.node_ids if n not in survivors]
     for node in stopped:
@@ -140,7 +138,7 @@ def min_isr(cell: Cell) -> None:
                            **cell.conn.extra,
                            log_level=2)
     errors = []
-    probe.produce(cell.topic, b"probe", on_delivery=lambda err, msg: errors.append(err))
+    probe.produce(cell.topics[0], b"probe", on_delivery=lambda err, msg: errors.append(err))
     probe.flush(15)
     if errors and errors[0] is not None:
         cell.result.fault_fired = True
@@ -150,15 +148,14 @@ def min_isr(cell: Cell) -> None:
     for node in stopped:
         cluster.start_node(cell.layout, node)
     cell.event(f"brokers {stopped} restarted")
-    _record_produce(cell, finish(producer))
+    _record_produce(cell, finish_all(producer))
 
 
 def ack_loss(cell: Cell) -> None:
     """Drop the broker's responses to produce requests on the way back, through the fault proxy."""
     from kdg.chaos.proxy import FaultProxy
-    from kdg.kafka.admin import ensure_topic
 
-    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3, extra=cell.conn.extra)
+    cell.ensure_topics(partitions=3)
     with FaultProxy(cell.layout) as proxy:
         proxy.drop_produce_responses(3)
         cell.event("proxy drops the next 3 produce responses")
@@ -231,14 +228,12 @@ def spark_executor_kill(cell: Cell) -> None:
 
 def spark_broker_kill(cell: Cell) -> None:
     """SIGKILL the partition leader while records are produced and streamed; restart it after 5 s."""
-    from kdg.kafka.admin import ensure_topic
-
-    ensure_topic(cell.layout.bootstrap_servers, cell.topic, partitions=3, extra=cell.conn.extra)
+    cell.ensure_topics(partitions=3)
     producer = cell.produce("--rate", max(200, cell.messages // 8), wait=False)
     stream = cell.stream("--trigger", "500ms")
     _wait_for_rows(cell, stream, cell.messages // 5)  # the stream is up (Spark takes ~20 s here) and writing
     _bounce_leader(cell, hard=True)
-    _record_produce(cell, finish(producer))
+    _record_produce(cell, finish_all(producer))
     _stream_until(cell, stream, cell.messages)
 
 

@@ -69,7 +69,8 @@ def _amount(row: dict, name: str) -> str:
 
 def _title(results: dict) -> str:
     done = "" if results.get("complete", True) else f" — stopped after {len(results['cells'])} cells"
-    return (f"kdg chaos — {results['messages']:,} messages × {results['repeat']} rep(s), "
+    topics = f" × {results['topics']} topics" if results.get("topics", 1) > 1 else ""
+    return (f"kdg chaos — {results['messages']:,} messages{topics} × {results['repeat']} rep(s), "
             f"sink {results['sink']}{done}")
 
 

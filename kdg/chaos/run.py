@@ -39,13 +39,16 @@ def verdict(result: CellResult) -> tuple[str, str]:
 
 def run_cell(layout: StackLayout, guarantee: str, fault: str, repetition: int, messages: int,
              sink: str, keep: bool = False, shutdown: Shutdown | None = None,
-             started: Callable[[Cell], None] = lambda cell: None) -> CellResult:
+             started: Callable[[Cell], None] = lambda cell: None, topics: int = 1) -> CellResult:
     """One cell, audited. Its topics and rows are deleted afterwards, unless ``keep`` or the cell failed.
+
+    With ``topics`` > 1 the cell produces ``messages`` records to each of its topics, reads them all in one
+    consume per member, and audits each topic against its table (or output topic); the counts are summed.
 
     A stop requested through ``shutdown`` ends the cell before its audit: its processes are killed (at once by
     the watcher that ``started`` hands the cell to, see :func:`_kill_on_stop`), the stack is made whole, its
     data deleted unless ``keep``, and StopRequested is raised."""
-    cell = Cell(layout, guarantee, fault, repetition, messages, sink, stop=shutdown)
+    cell = Cell(layout, guarantee, fault, repetition, messages, sink, stop=shutdown, topics=topics)
     started(cell)
     cell.start_sampling()
     try:
@@ -65,15 +68,31 @@ def run_cell(layout: StackLayout, guarantee: str, fault: str, repetition: int, m
         if not keep:
             _forget(cell)
         raise StopRequested(cell.stopped()) from exc
-    audit = run_audit(cell.topic, cell.conn, sink=cell.sink)
-    for name in ("acked", "failed", "processed_unique", "rows", "lost", "duplicates", "unexpected"):
-        setattr(cell.result, name, getattr(audit, name))
+    _audit(cell)
     cell.result.duration_s = cell.now()
     cell.result.verdict, cell.result.note = verdict(cell.result)
     cell.result.kept = keep or cell.result.verdict != "PASS"  # a failed cell's records are there to be read
     if not cell.result.kept:
         _forget(cell)
     return cell.result
+
+
+AUDITED = ("acked", "failed", "processed_unique", "rows", "lost", "duplicates", "unexpected")
+
+
+def _audit(cell: Cell) -> None:
+    """Each input topic against what it was written to, summed into the cell's result; with several topics, each
+    topic's counts go on the timeline, and how many transactions wrote several tables at once."""
+    for topic, sink, table in cell.targets():
+        audit = run_audit(topic, cell.conn, sink=sink, table=table)
+        for name in AUDITED:
+            setattr(cell.result, name, getattr(cell.result, name) + getattr(audit, name))
+        if cell.topic_count > 1:
+            cell.event(f"audit {topic} → {sink if table == 'kdg_events' else table}: " +
+                       " ".join(f"{name}={getattr(audit, name)}" for name in AUDITED))
+    if cell.tables:
+        spanning, batches = cell.transactions_across_tables()
+        cell.event(f"{spanning} of {batches} sink transactions wrote several tables at once")
 
 
 def _forget(cell: Cell) -> None:
@@ -115,14 +134,15 @@ def parse_guarantees(spec: str) -> list[str]:
 
 def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], messages: int, repeat: int,
               sink: str, on_cell: Callable[[dict], None] | None = None, keep: bool = False,
-              shutdown: Shutdown | None = None) -> dict:
+              shutdown: Shutdown | None = None, topics: int = 1) -> dict:
     """Run the matrix; returns the results document that reports are written from.
 
     Repetitions are the outer loop, so a long run stopped part-way has whole matrices, not ten
     repetitions of the first faults and none of the last. `on_cell` sees the document after each
     cell (``complete`` stays False until the last one), so a caller can keep it on disk as it grows.
     A stop requested through ``shutdown`` ends the cell in progress unaudited (see :func:`run_cell`) and
-    returns the cells done, with ``stopped_by``.
+    returns the cells done, with ``stopped_by``. ``topics`` > 1 gives every cell that many topics, read by one
+    consume per member (kdg consume's faults only: spark-stream cells read one topic).
     """
     if sink not in ("postgres", "kafka"):
         raise UsageError("--sink must be postgres or kafka")
@@ -130,8 +150,16 @@ def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], 
         raise UsageError("--messages must be at least 100, so a batch can die mid-run")
     if repeat < 1:
         raise UsageError(f"--repeat {repeat}: must be at least 1")
+    if topics < 1:
+        raise UsageError(f"--topics {topics}: must be at least 1")
+    spark = [f for f in faults if f in SPARK_INJECTORS]
+    if topics > 1 and spark:
+        raise UsageError(f"--topics {topics}: the spark-* faults ({', '.join(spark)}) stream one topic; run them "
+                         "with --topics 1 (or --engine consume)")
     results = {"started_at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
                "messages": messages, "repeat": repeat, "sink": sink, "complete": False, "cells": []}
+    if topics > 1:  # a run of one topic keeps the document it always had
+        results["topics"] = topics
     started = time.monotonic()
     if sink != "postgres" and any(f in SPARK_INJECTORS for f in faults):
         raise UsageError("the spark-* faults stream into Postgres: use --sink postgres")
@@ -146,7 +174,8 @@ def run_chaos(layout: StackLayout, *, guarantees: list[str], faults: list[str], 
                         continue  # spark-stream refuses at-most-once: there is no such pipeline to break
                     if shutdown is not None and shutdown.requested:
                         raise StopRequested(shutdown.signal or "stop requested")
-                    result = run_cell(layout, guarantee, fault, rep, messages, sink, keep, shutdown, cells.append)
+                    result = run_cell(layout, guarantee, fault, rep, messages, sink, keep, shutdown, cells.append,
+                                      topics)
                     cells.clear()
                     results["cells"].append(asdict(result))
                     results["duration_s"] = round(time.monotonic() - started, 1)

@@ -35,6 +35,9 @@ def run(
                                              "the spark-* faults of --engine spark.")] = "all",
     messages: Annotated[int, typer.Option(help="Records produced per cell.")] = 2000,
     repeat: Annotated[int, typer.Option(help="Repetitions per cell.")] = 1,
+    topics: Annotated[int, typer.Option(help="Topics per cell (--messages each), read by one `kdg consume` per member: "
+                                             "into one table per topic, so a batch's transaction spans tables (or "
+                                             "kafka:{topic}-out), each audited; kdg consume's faults only.")] = 1,
     sink: Annotated[str, typer.Option(help="postgres or kafka.")] = "postgres",
     engine: Annotated[str, typer.Option(help="The pipeline `--faults all` runs through: consume (kdg consume's "
                                              "faults), spark (kdg spark-stream's: spark-driver-kill, "
@@ -66,7 +69,7 @@ def run(
     guarantees, fault_list = parse_guarantees(guarantee), parse_faults(faults, engine)
     with Shutdown(timeout=CHAOS_STOP_S).on_signals() as shutdown:
         results = run_chaos(layout, guarantees=guarantees, faults=fault_list, messages=messages, repeat=repeat,
-                            sink=sink, on_cell=show, keep=keep, shutdown=shutdown)
+                            sink=sink, on_cell=show, keep=keep, shutdown=shutdown, topics=topics)
     if results.get("stopped_by"):
         left = "kept (--keep)" if keep else "deleted"
         err_console.print(f"stopped by {results['stopped_by']} after {len(results['cells'])} cell(s): the cell in "
