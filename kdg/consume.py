@@ -186,8 +186,11 @@ class Keys:
         for route in router.routes:  # a malformed --id-from is refused before anything is read
             self._for(route)
         self.plain = all(r.kind is None for r in self._by_route.values())  # every key from the kdg-id header
-        self.transforms = {r.name: _transform(self.req, r) for r in router.routes if r.transform is not None}
-        self.plain = self.plain and not self.transforms  # a transform reads each record
+        self.fans = {r.name: _transform(self.req, r) for r in router.routes if r.transform is not None}
+        fanned = any(r.fan is not None for r in router.routes)
+        self.plain = self.plain and not self.fans and not fanned  # a transform, or a fan-out, reads each record
+        if fanned and not self.fans:
+            self.fans = {None: None}  # (a fan-out without transforms still copies each record per route)
 
     def _for(self, route) -> KeyResolver:
         found = self._by_route.get(route.name)
@@ -199,28 +202,35 @@ class Keys:
         return found
 
     def transformed(self, batch: Batch) -> None:
-        """Each record through its route's transform: rows in place of records, filtered and failed counted."""
-        if not self.transforms or not batch.records:
+        """Each record through its route's transform (a fan-out: every route's): rows in place of records,
+        filtered and failed counted."""
+        if not self.fans or not batch.records:
             return
+        from kdg.flow.transform import fan_out
+
         records, batch.records = batch.records, []
         run: list = []
-        route = None
-        for pair in records + [(None, None)]:  # runs of one route, in order
-            now = self.router.route(pair[0].topic).name if pair[0] is not None else None
-            if now != route and run:
-                self._apply(route, run, batch)
+        topic = None
+        for pair in records + [(None, None)]:  # runs of one topic, in order
+            now = pair[0].topic if pair[0] is not None else None
+            if now != topic and run:
+                outputs = self._outputs(topic)
+                if outputs is None:
+                    batch.records += run
+                else:
+                    filtered, extra = fan_out(run, outputs, batch.records, batch.dead)
+                    batch.filtered += filtered
+                    batch.exploded += extra
                 run = []
-            route = now
+            topic = now
             run.append(pair)
 
-    def _apply(self, route: str, run: list, batch: Batch) -> None:
-        fn = self.transforms.get(route)
-        if fn is None:
-            batch.records += run
-            return
-        filtered, extra = fn.apply(run, batch.records, batch.dead)
-        batch.filtered += filtered
-        batch.exploded += extra
+    def _outputs(self, topic: str) -> list | None:
+        """``(route name, Transform or None)`` of each route ``topic`` goes to; None: one route, no transform."""
+        routes = self.router.fanned(topic)
+        if len(routes) == 1 and routes[0].transform is None:
+            return None
+        return [(r.name if len(routes) > 1 else None, self.fans.get(r.name)) for r in routes]
 
     def of(self, topic: str) -> KeyResolver:
         found = self._by_topic.get(topic)

@@ -130,8 +130,9 @@ columns = "from-schema"
 create_table = true
 id_from = "offset"
 """)
+    # small fetches: a batch holds records of every topic, so the kill lands in a transaction of three tables
     run = ("consume", "--pipeline", pipeline, "-G", group, "-g", "exactly-once", "-o", "beginning", "-e",
-           "--batch-size", 300, "--json")
+           "--batch-size", 300, "-X", "max.partition.fetch.bytes=4096", "--json")
     # the same kill point under both guarantees: exactly-once reaches it inside the transaction that holds the
     # batch's rows of every table and its offsets; at-least-once after that transaction, before Kafka's commit
     fault = {"KDG_FAULT": "after-process-before-commit@4"}

@@ -24,7 +24,7 @@ from kdg.flow.routes import Route, Router
 
 _MAPPING_KEYS = ("mode", "key", "on_tombstone", "create_table", "envelope", "value_format", "key_format",
                  "columns")
-ROUTE_KEYS = ("name", "topics", "topic_pattern", "table", "mapping", "id_from", "transform", *_MAPPING_KEYS)
+ROUTE_KEYS = ("name", "topics", "topic_pattern", "table", "mapping", "id_from", "transform", "into", *_MAPPING_KEYS)
 PLACEHOLDER_TABLE = "kdg_route_table"  # a typed route's mapping is built with this; the template fills it
 
 
@@ -44,14 +44,39 @@ def load_pipeline(path: Path) -> Router:
     entries = doc.get("route")
     if not isinstance(entries, list) or not entries or not all(isinstance(e, dict) for e in entries):
         raise UsageError(f"--pipeline {path}: give one or more [[route]] entries")
-    routes = [_route(path, i, entry) for i, entry in enumerate(entries, 1)]
+    routes = [r for i, entry in enumerate(entries, 1) for r in _routes(path, i, entry)]
     try:
         return Router(routes)
     except UsageError as exc:  # two routes listing one topic, or named alike
         raise UsageError(f"--pipeline {path}: {exc}") from None
 
 
-def _route(path: Path, index: int, entry: dict) -> Route:
+def _routes(path: Path, index: int, entry: dict) -> list[Route]:
+    """A ``[[route]]``: one route, or with ``[[route.into]]`` entries a fan-out — one route per table, each
+    with its own table, mapping and transform, taking the entry's topics (one transaction writes them all)."""
+    into = entry.get("into")
+    if into is None:
+        return [_route(path, index, entry)]
+    name = entry.get("name", f"route {index}")
+    where = f"--pipeline {path}: {name}"
+    if not isinstance(into, list) or not into or not all(isinstance(e, dict) for e in into):
+        raise UsageError(f"{where}: into must be [[route.into]] entries, each with its table")
+    shared = ("name", "topics", "topic_pattern", "id_from")
+    own = sorted(set(entry) - set(shared) - {"into"})
+    if own:
+        raise UsageError(f"{where}: {own[0]} goes in each [[route.into]] entry (the route gives only "
+                         f"{', '.join(shared)} and into)")
+    made = []
+    for i, out in enumerate(into, 1):
+        inner = sorted(set(out) & set(shared))
+        if inner:
+            raise UsageError(f"{where}: into {i}: {inner[0]} is the route's, not an into entry's")
+        made.append(_route(path, index, {**{k: v for k, v in entry.items() if k != "into"}, **out,
+                                         "name": f"{name} → {out.get('table', i)}"}, fan=str(name)))
+    return made
+
+
+def _route(path: Path, index: int, entry: dict, fan: str | None = None) -> Route:
     name = entry.get("name", f"route {index}")
     where = f"--pipeline {path}: {name if 'name' in entry else f'route {index}'}"
     unknown = sorted(set(entry) - set(ROUTE_KEYS))
@@ -73,7 +98,7 @@ def _route(path: Path, index: int, entry: dict) -> Route:
         raise UsageError(f"{where}: a typed route needs its table: table = \"[SCHEMA.]NAME\" or a template")
     try:
         return Route(str(name), tuple(topics), entry.get("topic_pattern"), table or "kdg_events", mapping,
-                     entry.get("id_from"), entry.get("transform"), options={k: v for k, v in entry.items() if k != "columns"})
+                     entry.get("id_from"), entry.get("transform"), fan, options={k: v for k, v in entry.items() if k != "columns"})
     except UsageError as exc:
         raise UsageError(f"--pipeline {path}: {exc}") from None
 

@@ -32,6 +32,7 @@ class Route:
     mapping: object = None              # kdg.mapping.Mapping (its table is the template's; see table_for)
     id_from: str | None = None          # --id-from: the key of records without a kdg-id header
     transform: object = None            # module:function (or a function): kdg.flow.transform
+    fan: str | None = None              # a fan-out's name ([[route.into]]): its routes take the same topics
     options: dict = field(default_factory=dict, compare=False)  # what else the file said (kept for reports)
 
     def __post_init__(self) -> None:
@@ -163,56 +164,62 @@ class Router:
         for i, a in enumerate(routes):  # names two routes list: refused before anything is read
             for b in routes[i + 1:]:
                 both = sorted(t for t in a.topics if b.takes(t)) or sorted(t for t in b.topics if a.takes(t))
-                if both:
+                if both and not (a.fan is not None and a.fan == b.fan):
                     raise UsageError(_overlap(both[0], a, b))
-        self._targets: dict[str, Target] = {}
+        self._targets: dict[tuple[str, str | None], Target] = {}
 
     @property
     def typed(self) -> bool:
         return any(r.mapping is not None for r in self.routes)
 
     def subscription(self) -> list[str]:
-        return [s for r in self.routes for s in r.subscription()]
+        return list(dict.fromkeys(s for r in self.routes for s in r.subscription()))  # a fan-out's once
 
     @property
     def names(self) -> list[str]:
         """The topic names the routes list (patterns aside)."""
-        return [t for r in self.routes for t in r.topics]
+        return list(dict.fromkeys(t for r in self.routes for t in r.topics))
 
     def takes(self, topic: str) -> bool:
         """Whether any route reads ``topic`` (a pattern's subscription may bring others: a ``TOPIC.dlq``)."""
         return any(r.takes(topic) for r in self.routes)
 
     def route(self, topic: str) -> Route:
-        """The one route that takes ``topic``; two, or none, is a usage error naming them."""
+        """The one route that takes ``topic`` (of a fan-out, its first); two, or none, is a usage error naming them."""
+        return self.fanned(topic)[0]
+
+    def fanned(self, topic: str) -> list[Route]:
+        """The routes that take ``topic``: one, or a fan-out's, each into its own table."""
         taking = [r for r in self.routes if r.takes(topic)]
-        if len(taking) > 1:
-            raise UsageError(_overlap(topic, taking[0], taking[1]))
+        if len(taking) > 1 and (taking[0].fan is None or any(r.fan != taking[0].fan for r in taking)):
+            other = next(r for r in taking[1:] if taking[0].fan is None or r.fan != taking[0].fan)
+            raise UsageError(_overlap(topic, taking[0], other))
         if not taking:
             raise UsageError(f"topic {topic!r} is taken by no route ({'; '.join(r.describe() for r in self.routes)})")
-        return taking[0]
+        return taking
 
-    def target(self, topic: str, read_source=None) -> Target:
-        """Where ``topic``'s records go. ``read_source()`` gives the source block of one of its events, for a
-        ``{source.*}`` template (None: no event to read it from yet; the target's table is then None)."""
-        found = self._targets.get(topic)
+    def target(self, topic: str, read_source=None, route: str | None = None) -> Target:
+        """Where ``topic``'s records go (of a fan-out, route ``route``'s). ``read_source()`` gives the source block
+        of one of its events, for a ``{source.*}`` template (None: no event yet; the target's table is then None)."""
+        found = self._targets.get((topic, route))
         if found is not None:
             return found
-        route = self.route(topic)
-        if route.per_record:
+        taking = self.fanned(topic)
+        route_of = next((r for r in taking if r.name == route), taking[0])
+        if route_of.per_record:
             source = read_source() if read_source is not None else None
             if source is None:
-                return Target(route, None)
-            table = route.fill(topic, source)
+                return Target(route_of, None)
+            table = route_of.fill(topic, source)
         else:
-            table = route.fill(topic)
-        mapping = replace(route.mapping, table=table) if route.mapping is not None else None
-        found = self._targets[topic] = Target(route, table, mapping)
+            table = route_of.fill(topic)
+        mapping = replace(route_of.mapping, table=table) if route_of.mapping is not None else None
+        found = self._targets[topic, route] = Target(route_of, table, mapping)
         return found
 
     def resolve(self, topics) -> list[Target]:
         """Check ``topics`` (the cluster's, say) against the routes: each one's target; refusals raised."""
-        return [self.target(t) for t in topics if any(r.takes(t) for r in self.routes)]
+        return [self.target(t, route=r.name) for t in topics if self.takes(t) for r in self.fanned(t)]
 
 
 def _overlap(topic: str, a: Route, b: Route) -> str:

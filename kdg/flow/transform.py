@@ -44,12 +44,15 @@ class TransformRecord:
 
 @dataclass(eq=False)
 class Derived(Record):
-    """A record as a transform made it: ``row`` is what its ``json:`` sources read (its ``value`` stays the
-    record's own bytes, for a dead letter; the generic table takes :meth:`as_value`)."""
+    """A record as a transform (or a fan-out) made it: ``row`` is what its ``json:`` sources read (its ``value``
+    stays the record's own bytes, for a dead letter; the generic table takes :meth:`as_value`)."""
 
-    row: dict | None = None
+    row: dict | None = None    # None: the record as it is (a fan-out's output without a transform)
+    route: str | None = None   # a fan-out's route it goes to
 
     def as_value(self) -> bytes:
+        if self.row is None:
+            return self.value
         return json.dumps(self.row, separators=(",", ":"), default=str).encode()
 
 
@@ -79,39 +82,62 @@ class Transform:
         """``decode_value``/``decode_key``: the route's decoders (None: JSON, or the bytes where not JSON)."""
         self.fn, self._value, self._key = fn, decode_value or _json_or_bytes, decode_key or _json_or_bytes
 
-    def apply(self, pairs: list, out: list, dead: list) -> tuple[int, int]:
-        """Each pair's rows into ``out`` (``(Derived, key)``), its error into ``dead``; returns (filtered, extra
-        rows: those beyond one per record that an explode made)."""
-        fn, filtered, extra = self.fn, 0, 0
-        for rec, key in pairs:
-            try:
-                made = fn(TransformRecord(
-                    self._value(rec.value) if rec.value is not None else None,
-                    self._key(rec.key) if rec.key is not None else None,
-                    {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in rec.headers},
-                    rec.topic, rec.partition, rec.offset, rec.timestamp, key))
-            except Exception as exc:  # the record's error, not the pipeline's: dead-lettered, the batch goes on
-                dead.append((rec, f"transform raised {type(exc).__name__}: {exc}", key,
-                             [(ERROR_TYPE_HEADER, type(exc).__name__.encode()),
-                              (ERROR_MESSAGE_HEADER, str(exc).encode("utf-8", "replace")[:2000])]))
-                continue
-            if made is None:
-                filtered += 1
-            elif isinstance(made, dict):
-                out.append((_derived(rec, made), key))
-            elif isinstance(made, list) and all(isinstance(m, dict) for m in made):
-                if not made:
-                    filtered += 1
-                extra += max(len(made) - 1, 0)
-                out.extend((_derived(rec, m), f"{key}#{i}") for i, m in enumerate(made))
-            else:
-                dead.append((rec, f"transform returned {type(made).__name__}: a dict, a list of dicts or None "
-                                  "is expected", key, [(ERROR_TYPE_HEADER, b"TypeError")]))
-        return filtered, extra
+    def rows(self, rec: Record, key: str, route: str | None = None) -> list:
+        """The record's rows, ``(Derived, key)`` each (none: filtered); :class:`Failed` with its dead letter."""
+        try:
+            made = self.fn(TransformRecord(
+                self._value(rec.value) if rec.value is not None else None,
+                self._key(rec.key) if rec.key is not None else None,
+                {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in rec.headers},
+                rec.topic, rec.partition, rec.offset, rec.timestamp, key))
+        except Exception as exc:  # the record's error, not the pipeline's: dead-lettered, the batch goes on
+            raise Failed((rec, f"transform raised {type(exc).__name__}: {exc}", key,
+                          [(ERROR_TYPE_HEADER, type(exc).__name__.encode()),
+                           (ERROR_MESSAGE_HEADER, str(exc).encode("utf-8", "replace")[:2000])])) from None
+        if made is None:
+            return []
+        if isinstance(made, dict):
+            return [(_derived(rec, made, route), key)]
+        if isinstance(made, list) and all(isinstance(m, dict) for m in made):
+            return [(_derived(rec, m, route), f"{key}#{i}") for i, m in enumerate(made)]
+        raise Failed((rec, f"transform returned {type(made).__name__}: a dict, a list of dicts or None is expected",
+                      key, [(ERROR_TYPE_HEADER, b"TypeError")]))
 
 
-def _derived(rec: Record, row: dict) -> Derived:
-    return Derived(rec.value, rec.key, rec.headers, rec.partition, rec.topic, rec.offset, rec.timestamp, row)
+class Failed(Exception):
+    """A transform's error, as the record's dead letter ``(record, reason, key, headers)``."""
+
+    def __init__(self, dead: tuple):
+        super().__init__(dead[1])
+        self.dead = dead
+
+
+def fan_out(pairs: list, outputs: list, out: list, dead: list) -> tuple[int, int]:
+    """Each ``(record, key)`` through every output — ``(route name or None, Transform or None)``: a record's rows
+    of every output into ``out``, or, if any output's transform fails, the record into ``dead`` and none of its
+    rows. Returns (records filtered: no row at all, rows beyond one per record)."""
+    filtered = extra = 0
+    tagged = len(outputs) > 1
+    for rec, key in pairs:
+        rows = []
+        try:
+            for route, transform in outputs:
+                if transform is not None:
+                    rows += transform.rows(rec, key, route)
+                else:
+                    rows.append((_derived(rec, None, route) if tagged else rec, key))
+        except Failed as failed:
+            dead.append(failed.dead)
+            continue
+        if not rows:
+            filtered += 1
+        extra += max(len(rows) - 1, 0)
+        out += rows
+    return filtered, extra
+
+
+def _derived(rec: Record, row: dict | None, route: str | None) -> Derived:
+    return Derived(rec.value, rec.key, rec.headers, rec.partition, rec.topic, rec.offset, rec.timestamp, row, route)
 
 
 def _json_or_bytes(data: bytes):

@@ -66,7 +66,7 @@ class RecordReader:
         """What ``rec``'s sources read; ValueError (the record's dead letter) if its value or key cannot be read,
         or is not a change event under the envelope."""
         tomb = rec.value is None
-        if type(rec) is Derived:  # a transform's row: already decoded
+        if type(rec) is Derived and rec.row is not None:  # a transform's row: already decoded
             return self._derived(rec)
         if not self.cdc:
             if self._plain:  # JSON values, no key: sources: the common case, kept short

@@ -58,7 +58,8 @@ class PostgresSink(Sink):
         self.store = Store(dsn)
         try:
             for topic in router.names:  # the listed topics' tables are checked (made) before a record is read
-                self._writer(topic, [])
+                for route in router.fanned(topic):
+                    self._writer(topic, [], route.name if route.fan is not None else None)
             depth = pipeline if not router.typed else 0  # typed batches are written one at a time
             # exactly-once batches are written on `depth` connections of their own, in turn (kdg.sinks.pipeline)
             self.pipeline = Pipeline(lambda: Store(dsn), depth) if depth > 0 else None
@@ -67,12 +68,13 @@ class PostgresSink(Sink):
             raise
 
     # -- tables --------------------------------------------------------------------------------
-    def _writer(self, topic: str, records) -> TableWriter | None:
-        """The writer of ``topic``'s table (made on first sight); None while its table cannot be told yet."""
-        found = self._by_topic.get(topic)
+    def _writer(self, topic: str, records, route: str | None = None) -> TableWriter | None:
+        """The writer of ``topic``'s table (of a fan-out, route ``route``'s; made on first sight); None while
+        its table cannot be told yet."""
+        found = self._by_topic.get((topic, route))
         if found is not None:
             return found
-        target = self.router.target(topic, lambda: self._source(topic, records))
+        target = self.router.target(topic, lambda: self._source(topic, records), route)
         if target.table is None:
             return None
         if target.mapping is not None and target.mapping.from_schema:  # columns = "from-schema"
@@ -81,7 +83,7 @@ class PostgresSink(Sink):
                 return None
             target = replace(target, mapping=mapping)
         writer = self._open(target, topic)
-        self._by_topic[topic] = writer
+        self._by_topic[topic, route] = writer
         return writer
 
     def _open(self, target: Target, topic: str) -> TableWriter:
@@ -274,8 +276,9 @@ class PostgresSink(Sink):
         groups: dict[str, tuple[TableWriter, list]] = {}
         unrouted, unnamed = 0, []
         for pair in batch.records:
-            topic = pair[0].topic
-            writer = self._by_topic.get(topic) or self._writer(topic, batch.records)
+            rec = pair[0]
+            at = (rec.topic, rec.route if type(rec) is Derived else None)
+            writer = self._by_topic.get(at) or self._writer(*at[:1], batch.records, at[1])
             if writer is None:
                 if pair[0].value is None:
                     unrouted += 1
@@ -300,7 +303,7 @@ class PostgresSink(Sink):
 
     def _row_parts(self, rows: SinkRows) -> list[tuple[Part, list]]:
         topics = rows.columns[1]
-        writers = {t: self._by_topic.get(t) or self._writer(t, []) for t in set(topics)}
+        writers = {t: self._by_topic.get((t, None)) or self._writer(t, []) for t in set(topics)}
         if len({w.table.text for w in writers.values()}) <= 1:
             return [(Part(w.table, rows), []) for w in list(writers.values())[:1]]
         picks: dict[str, tuple[TableWriter, list[int]]] = {}
