@@ -16,7 +16,7 @@ from kdg.errors import ConnectionFailed, Fenced, RetryBatch, UsageError
 from kdg.batching import sort_rows
 from kdg.guarantees import CommitMode, policy_for
 from kdg.kafka.consumer import KdgConsumer, StartOffset
-from kdg.flow.routes import Route, Router
+from kdg.flow.routes import Router, command_line_router
 from kdg.flow.topics import PipelineTopics
 from kdg.keys import KeyResolver
 from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
@@ -76,19 +76,8 @@ class ConsumeRequest:
 
     def router(self) -> "Router":
         """The routes: the pipeline file's, or the command line as one route (``--table`` may be a template)."""
-        if self.routes is not None:
-            if self.topics or self.topic_pattern:
-                raise UsageError("--pipeline names the topics in its routes; give no TOPIC or --topic-pattern too")
-            return self.routes
-        if not self.topics and not self.topic_pattern:
-            raise UsageError("give a TOPIC, several, --topic-pattern REGEX or --pipeline FILE")
-        from kdg.flow.pipeline_file import PLACEHOLDER_TABLE
-
-        table = self.table
-        if self.mapping is not None and self.mapping.table.text != PLACEHOLDER_TABLE:
-            table = self.mapping.table.text
-        return Router([Route("the command line", tuple(self.topics), self.topic_pattern, table, self.mapping,
-                             self.id_from, transform=self.transform)])
+        return command_line_router(self.topics, self.topic_pattern, self.table, self.mapping, self.id_from,
+                                   self.routes, self.transform)
 
 
 @dataclass

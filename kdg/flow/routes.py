@@ -233,3 +233,23 @@ def source_block(event) -> dict | None:
         event = event["payload"]
     source = event.get("source") if isinstance(event, dict) else None
     return source if isinstance(source, dict) else None
+
+
+COMMAND_LINE = "the command line"
+
+
+def command_line_router(topics: list[str], pattern: str | None, table: str | None, mapping=None,
+                        id_from: str | None = None, routes: "Router | None" = None, transform=None) -> Router:
+    """The routes of a command: ``--pipeline``'s (``routes``), or the command line as one route (its ``--table``
+    may be a template; a mapping built with the placeholder table takes it)."""
+    if routes is not None:
+        if topics or pattern:
+            raise UsageError("--pipeline names the topics in its routes; give no TOPIC or --topic-pattern too")
+        return routes
+    if not topics and not pattern:
+        raise UsageError("give a TOPIC, several, --topic-pattern REGEX or --pipeline FILE")
+    from kdg.flow.pipeline_file import PLACEHOLDER_TABLE
+
+    if mapping is not None and mapping.table.text != PLACEHOLDER_TABLE:
+        table = mapping.table.text
+    return Router([Route(COMMAND_LINE, tuple(topics), pattern, table or "kdg_events", mapping, id_from, transform)])

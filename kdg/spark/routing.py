@@ -13,28 +13,18 @@ A ``{source.table}`` template (a table read from each event) is ``kdg consume``'
 import re
 
 from kdg.errors import UsageError
-from kdg.flow.routes import Route, Router
-
-COMMAND_LINE = "the command line"
+from kdg.flow.routes import Router, command_line_router
 
 
 def spark_router(topics: list[str], pattern: str | None, table: str | None, mapping, id_from: str | None,
                  routes: Router | None = None) -> Router:
     """The routes of a Spark command: ``--pipeline``'s, or the command line as one route (``--table`` may be a
     template, ``mt_{topic}``); refused here: no topic at all, or a table read from each event."""
-    if routes is not None:
-        if topics or pattern:
-            raise UsageError("--pipeline names the topics in its routes; give no TOPIC or --topic-pattern too")
-        router = routes
-    else:
-        if not topics and not pattern:
-            raise UsageError("give a TOPIC, several, --topic-pattern REGEX or --pipeline FILE")
-        from kdg.flow.pipeline_file import PLACEHOLDER_TABLE
-
-        if mapping is not None and mapping.table.text != PLACEHOLDER_TABLE:
-            table = mapping.table.text
-        router = Router([Route(COMMAND_LINE, tuple(topics), pattern, table or "kdg_events", mapping, id_from)])
+    router = command_line_router(topics, pattern, table, mapping, id_from, routes)
     for route in router.routes:
+        if route.transform is not None or route.fan is not None:
+            raise UsageError(f"{route.name}: transforms and fan-outs ([[route.into]]) run in kdg consume only, for "
+                             "now; Spark would write the records as they are")
         if route.per_record:
             raise UsageError(f"{route.name}: table {route.table!r} is read from each event's source block, which only "
                              "kdg consume does for now; on Spark, name the table by {topic} or the pattern's groups")
