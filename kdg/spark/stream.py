@@ -32,12 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from kdg import faults
-from kdg.errors import ConnectionFailed, DeliveryError, Fenced, UsageError
+from kdg.errors import ConnectionFailed, DeliveryError, UsageError
 from kdg.guarantees import CommitMode, policy_for
 from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
 from kdg.retention import check_dedup_retention
 from kdg.settings import Connection
+from kdg.spark.batches import BatchReport, MicroBatches, NotStarted, offsets_log  # noqa: F401 (BatchReport: on_batch's)
 
 if TYPE_CHECKING:
     from kdg.flow.routes import Router
@@ -78,23 +78,6 @@ class StreamRequest:
 
 
 @dataclass
-class BatchReport:
-    batch_id: int
-    rows_in: int
-    rows_written: int
-    duplicates_dropped: int
-    dead_lettered: int
-    duration_s: float
-    rows_per_s: float
-    next_offsets: dict          # partition → the offset the group reads next ("TOPIC/PARTITION" with several topics)
-    lag: dict                   # partition → records behind the end of the partition, after this batch (same keys)
-    attempts: int = 1           # > 1: Postgres went away and the batch was written again once it was back
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-@dataclass
 class StreamReport:
     guarantee: str
     topic: str                  # the topics: a, a,b or /pattern/
@@ -118,10 +101,6 @@ class StreamReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-_COUNTS = ("rows_read", "rows_written", "duplicates_dropped", "dead_lettered", "probes_skipped", "superseded",
-           "deleted", "filtered")
 
 
 def parse_trigger(text: str) -> dict:
@@ -152,18 +131,10 @@ def default_checkpoint(group: str, topic: str) -> Path:
     return default_state_dir() / "spark-stream" / f"{safe}-{uuid.uuid5(uuid.NAMESPACE_URL, group + '/' + topic).hex[:8]}"
 
 
-def _offsets_log(checkpoint: str) -> Path | None:
-    """The checkpoint's offsets log (a batch's planned offsets, one file per batch id), or None for a URI
-    this process cannot look into (``hdfs://…``)."""
-    if "://" in checkpoint and not checkpoint.startswith("file://"):
-        return None
-    return Path(checkpoint.removeprefix("file://")) / "offsets"
-
-
 def _has_offsets(checkpoint: str) -> bool | None:
     """Whether a checkpoint already holds a planned batch (then Spark, not the group, says where to start);
     None for a URI this process cannot look into."""
-    offsets = _offsets_log(checkpoint)
+    offsets = offsets_log(checkpoint)
     if offsets is None:
         return None
     return offsets.is_dir() and any(p.name.isdigit() for p in offsets.iterdir())
@@ -215,7 +186,7 @@ def run_spark_stream(req: StreamRequest) -> StreamReport:
         routes = SparkRoutes(router, store, req.conn, policy, group=req.group, chunk_rows=req.chunk_rows,
                              value_format=req.value_format, dedup_retention=req.dedup_retention, echo=req.echo)
         report = StreamReport(policy.guarantee.value, named, req.group, "", checkpoint)
-        batches = _Batches(req, policy, store, routes, report, topics, single=len(req.topics) == 1 and
+        batches = MicroBatches(req, policy, store, routes, report, topics, single=len(req.topics) == 1 and
                            req.topic_pattern is None and req.routes is None)
         batches.hold(found)  # every topic's lock first: another stream on one of them refuses this one
         try:
@@ -286,199 +257,6 @@ def _starting_offsets(req: StreamRequest, policy, store, checkpoint: str,
     return json.dumps(at), stored, source
 
 
-class _Batches:
-    """``foreachBatch``: write a micro-batch with the executors' writer, then store the group's positions."""
-
-    def __init__(self, req: StreamRequest, policy, store, routes, report: StreamReport, topics, *, single: bool):
-        self.req, self.policy, self.store, self.routes, self.report = req, policy, store, routes, report
-        self.topics, self.single = topics, single  # single: one topic named, positions shown by partition
-        self.fences: dict[str, dict[int, int]] = {}      # topic → partition → this stream's fence (exactly-once)
-        self.positions: dict[str, dict[int, int]] = {}   # topic → partition → next offset, as far as this stream knows
-        self.held: set[str] = set()       # the topics whose lock this stream holds
-        self.known: dict[str, set[int]] = {}  # topic → the partitions taken (fenced, under exactly-once)
-        self._locked_on = store.conn      # the connection holding the locks (kdg.store.offsets.hold_stream)
-        self.failed: BaseException | None = None  # what ended the query from inside a batch
-        self.active = False
-        self.finished = -1  # the last batch written and accounted for (Spark records it in its commit log next)
-
-    def hold(self, topics) -> None:
-        """The lock that says this stream reads ``topic`` for the group (`kdg consume` checks it), per topic."""
-        for topic in sorted(set(topics) - self.held):
-            if not self.store.hold_stream(self.req.group, topic):
-                raise UsageError(f"another kdg spark-stream is reading {topic} for group {self.req.group!r}; one "
-                                 "group is read by one pipeline at a time")
-            self.held.add(topic)
-
-    def take(self, topic: str, partitions) -> None:
-        """Make ``topic`` this stream's: its lock, its route's table (and claim window), and under exactly-once a
-        fence on each of ``partitions`` it has none on yet."""
-        self.hold([topic])
-        self.routes.prepare(topic)
-        self.routes.tables_entry(topic, self.report.tables)
-        entry = self.report.tables[self.routes.table(topic)]
-        if topic not in entry["topics"]:
-            entry["topics"].append(topic)
-            entry.update({k: entry.get(k, 0) for k in _COUNTS})
-        self.report.table = ",".join(self.report.tables)
-        known = self.known.setdefault(topic, set())
-        new = sorted(set(partitions) - known)
-        if new and self.policy.dedup:
-            taken = self.store.acquire_partitions(self.req.group, topic, new)
-            self.fences.setdefault(topic, {}).update({p: fence for p, (fence, _) in taken.items()})
-        known.update(new)
-
-    def _take_planned(self, batch_id: int) -> None:
-        """A pattern's topic (or a partition) new in this batch is taken before the batch is written: where
-        Spark planned the batch says which (else, for a checkpoint this process cannot read, the cluster)."""
-        planned = _planned(self.report.checkpoint, batch_id)
-        if planned is None:
-            planned = self.topics.current()
-        for topic, partitions in planned.items():
-            if set(partitions) - self.known.get(topic, set()):
-                self.take(topic, partitions)
-
-    def __call__(self, frame, batch_id: int) -> None:
-        from kdg.spark.job import run_write
-
-        self.active = True  # before the stop check: a stop asked from here on waits for this batch
-        if self.req.shutdown.requested:
-            # nothing written: the query ends failed, and the restart runs this batch, planned alike, from its
-            # offsets (a batch cancelled mid-write would be written twice under at-least-once)
-            self.active = False
-            raise _NotStarted(f"batch {batch_id} not started: a stop was asked")
-        started, attempts = time.monotonic(), 0
-        try:
-            self._take_planned(batch_id)
-            while True:
-                attempts += 1
-                try:
-                    totals = run_write(frame.sparkSession, frame, self.routes.routed())
-                    break
-                except Exception as exc:
-                    if not self._postgres_gone(exc) or attempts > 5:
-                        raise
-                    self.req.echo(f"batch {batch_id}: Postgres went away mid-write; waiting for it, then writing "
-                                  "the batch again")
-                    self._wait_for_postgres()
-            faults.reach("spark-stream-before-positions")  # a driver dying here leaves Spark's batch uncommitted
-            nexts = totals["next_offsets"]
-            self._store_positions(nexts)
-            for topic, at in nexts.items():
-                self.positions.setdefault(topic, {}).update(at)
-            self._account(batch_id, totals, nexts, time.monotonic() - started, attempts)
-            self.finished = batch_id
-            faults.reach("spark-stream-after-batch")  # a stop here must wait for Spark to record the batch
-        except BaseException as exc:
-            self.failed = exc
-            raise
-        finally:
-            self.active = False
-
-    def _postgres_gone(self, exc: BaseException) -> bool:
-        text = str(exc)
-        if "ConnectionFailed" not in text and "Python worker exited" not in text:
-            return False
-        return not self.store.alive()
-
-    def _wait_for_postgres(self) -> None:
-        self.store.reconnect(self.req.pg_wait, self.req.echo, self.req.shutdown.sleep)
-        self._hold_again()
-
-    def _store_positions(self, nexts: dict[str, dict[int, int]]) -> None:
-        if nexts and self.policy.dedup:
-            for topic, at in sorted(nexts.items()):
-                self.store.across_restart(lambda: self.store.move_forward(self.req.group, topic, at,
-                                                                           self.fences[topic]), self.req.pg_wait)
-        elif nexts:
-            _commit_to_group(self.req, nexts)
-        self._hold_again()
-
-    def _hold_again(self) -> None:
-        """The topics' locks went with a connection Postgres dropped: take them again on the new one, or stop."""
-        if self.store.conn is self._locked_on:
-            return
-        for topic in sorted(self.held):
-            if not self.store.hold_stream(self.req.group, topic):
-                raise Fenced(f"while Postgres was away another pipeline took group {self.req.group!r} on {topic}; "
-                             "this stream stops")
-        self._locked_on = self.store.conn
-
-    def _account(self, batch_id: int, totals: dict, nexts: dict[str, dict[int, int]], seconds: float,
-                 attempts: int) -> None:
-        r = self.report
-        r.batches += 1
-        r.rows_in += totals["rows_read"]
-        for name in _COUNTS[1:]:
-            setattr(r, name, getattr(r, name) + totals[name])
-        for topic, counts in totals["per_topic"].items():
-            entry = r.tables[self.routes.table(topic)]
-            for name in _COUNTS:
-                entry[name] += counts[name]
-        if self.req.on_batch is None:
-            return
-        from kdg.kafka.admin import high_watermarks
-
-        # where Spark goes on from: past a transaction's closing marker, which no record's offset (positions) shows
-        planned = _planned(self.report.checkpoint, batch_id) or {}
-        lag: dict[str, dict[int, int]] = {}
-        for topic in sorted(set(planned) | set(self.positions)):
-            at = dict(planned.get(topic, {}))
-            at.update({p: max(o, at.get(p, o)) for p, o in self.positions.get(topic, {}).items()})
-            try:
-                ends = high_watermarks(self.req.conn.bootstrap_servers, topic, self.req.conn.extra)
-                lag[topic] = {p: max(end - at[p], 0) for p, end in sorted(ends.items()) if p in at}
-            except ConnectionFailed:
-                pass
-        self.req.on_batch(BatchReport(batch_id, totals["rows_read"], totals["rows_written"],
-                                      totals["duplicates_dropped"], totals["dead_lettered"], round(seconds, 3),
-                                      round(totals["rows_read"] / seconds, 1) if seconds else 0.0,
-                                      self._shown(nexts), self._shown(lag), attempts))
-
-    def _shown(self, per_topic: dict[str, dict[int, int]]) -> dict:
-        """By partition for a stream of one named topic (as it always was); else by ``TOPIC/PARTITION``."""
-        if self.single:
-            return {p: n for at in per_topic.values() for p, n in at.items()}
-        return {f"{t}/{p}": n for t, at in sorted(per_topic.items()) for p, n in at.items()}
-
-
-def _planned(checkpoint: str, batch_id: int) -> dict[str, dict[int, int]] | None:
-    """Where Spark planned micro-batch ``batch_id`` to end on each topic's partitions: the last line of its
-    offsets log, in a checkpoint this process can read (None for another URI, or a log it cannot read)."""
-    offsets = _offsets_log(checkpoint)
-    if offsets is None:
-        return None
-    try:
-        planned = (offsets / str(batch_id)).read_text().splitlines()
-        return {t: {int(p): int(o) for p, o in at.items()} for t, at in json.loads(planned[-1]).items()}
-    except (OSError, ValueError, AttributeError, IndexError):
-        return None
-
-
-def _commit_to_group(req: StreamRequest, nexts: dict[str, dict[int, int]]) -> None:
-    """At-least-once: the positions as the group's committed offsets in Kafka (refused while it has members)."""
-    from confluent_kafka import ConsumerGroupTopicPartitions, KafkaException, TopicPartition
-
-    from kdg.kafka.access import check
-    from kdg.kafka.clients import admin_client
-
-    admin = admin_client(req.conn.bootstrap_servers, req.conn.extra)
-    asked = ConsumerGroupTopicPartitions(req.group, [TopicPartition(t, p, o) for t, at in sorted(nexts.items())
-                                                     for p, o in at.items()])
-    deadline = time.monotonic() + req.wait_timeout
-    while True:
-        try:
-            admin.alter_consumer_group_offsets([asked], request_timeout=15)[req.group].result()
-            return
-        except KafkaException as exc:
-            err = exc.args[0]
-            if any(word in err.name() for word in ("NOT_EMPTY", "UNKNOWN_MEMBER", "ILLEGAL_GENERATION", "FENCED")):
-                raise Fenced(f"group {req.group!r} has members now (kdg consume?); this stream stops: one group is "
-                             "read by one pipeline at a time") from exc
-            check(err, f"committing group {req.group!r}'s offsets")
-            if time.monotonic() >= deadline or req.shutdown.sleep(1):  # a coordinator moving (a broker restart)
-                raise ConnectionFailed(f"cannot commit group {req.group!r}'s offsets: {err.str()}") from exc
-
-
 def _run_query(req, master, policy, source_options, starting, checkpoint, trigger, key, batches, report) -> None:
     from kdg.spark.job import sink_rows
     from kdg.spark.routing import subscription
@@ -515,11 +293,7 @@ def _run_query(req, master, policy, source_options, starting, checkpoint, trigge
             raise DeliveryError(f"the stream failed: {str(exc).splitlines()[0][:300]} (Spark's log: {run.log})")
 
 
-class _NotStarted(Exception):
-    """A micro-batch refused because a stop was asked before it began (:meth:`_Batches.__call__`)."""
-
-
-def _await(query, shutdown: Shutdown, batches: _Batches, report: StreamReport) -> None:
+def _await(query, shutdown: Shutdown, batches: "MicroBatches", report: StreamReport) -> None:
     """Until the query ends (available-now drained, or it failed) or a stop is asked; a stop lets the batch in
     flight finish first, within the shutdown timeout, and Spark record it as done: stopped between our
     write and its commit log, Spark would run the batch again on restart (duplicates under at-least-once)."""
@@ -535,7 +309,7 @@ def _await(query, shutdown: Shutdown, batches: _Batches, report: StreamReport) -
             query.awaitTermination(0.5)
         except Exception:  # the query failed (raised here as StreamingQueryException): read below
             break
-    if shutdown.requested:  # the query ended on the batch a stop refused to start (_NotStarted)
+    if shutdown.requested:  # the query ended on the batch a stop refused to start (NotStarted)
         report.stopped_by = shutdown.signal or "stop requested"
     else:
         report.stopped_by = report.stopped_by or ("end of available data" if batches.failed is None else "failed")
