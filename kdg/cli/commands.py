@@ -456,7 +456,7 @@ def spark_stream(
                      "--topic-pattern, or --pipeline FILE's routes).", show_default=False)] = None,
     group: Annotated[str, typer.Option("--group", "-G", help="The group whose positions the stream starts from "
                      "(without a checkpoint) and stores: kdg_offsets under exactly-once, Kafka's committed offsets "
-                     "under at-least-once.")] = "",
+                     "under at-least-once.")] = ...,
     guarantee: GuaranteeOpt = "exactly-once",
     topic_pattern: SparkTopicPattern = None,
     pipeline: SparkPipeline = None,
