@@ -49,6 +49,7 @@ def subscription(router: Router) -> dict[str, str]:
     r"""Spark's Kafka source option for the routes' topics: ``subscribe`` (a comma list) with names only,
     else ``subscribePattern``: one Java regular expression matching every topic a route takes, whole.
 
+    >>> from kdg.flow.routes import Route
     >>> subscription(Router([Route("r", ("a.b",), r"x\.(?P<t>\w+)")]))["subscribePattern"]
     '(?:a\\.b)|(?:(?!__)(?!.*\\.dlq$)(?:x\\.(?:\\w+)))'
     """
