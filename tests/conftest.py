@@ -95,6 +95,8 @@ _LONG_MODULES = ["test_typed_sink",      # 520
                  "test_bad_input",       # 340
                  "test_demo_output",     # 175
                  "test_spark_replay",    # 170
+                 "test_spark_many",      # 125
+                 "test_many_topics",     # 60
                  "test_soak",            # 160
                  "test_produce_consume", "test_schemas", "test_crash", "test_profile", "test_lifecycle",
                  "test_end_of_topic", "test_pipeline", "test_stack", "test_wheel"]
