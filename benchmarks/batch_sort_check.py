@@ -6,7 +6,7 @@ Reads N messages of TOPIC (kdg's own, e.g. from `kdg produce --count`) into memo
 consumer, in polls of 10,000 as `kdg consume --batch-size 10000` makes them, then times, with nothing else
 in the process:
 
-- ``general``: :func:`kdg.consume._sort` and the sink rows made from its records (``sink_row`` per record),
+- ``general``: :func:`kdg.flow.source.sort_batch` and the sink rows made from its records (``sink_row`` per record),
   what every batch cost before :mod:`kdg.batching`, and what a batch the per-batch sort declines still costs;
 - ``per-batch``: :func:`kdg.batching.sort_rows`, the generic Postgres sink's path;
 - ``headers()``: confluent-kafka building each message's header list, which any consumer that reads
@@ -25,7 +25,9 @@ import time
 from confluent_kafka import Consumer
 
 from kdg.batching import sort_rows
-from kdg.consume import ConsumeRequest, _sort
+from kdg.consume import ConsumeRequest
+from kdg.flow.source import Keys
+from kdg.flow.source import sort_batch as _sort
 from kdg.keys import KeyResolver
 from kdg.settings import Connection
 from kdg.store.rows import SinkRows, sink_row
@@ -62,7 +64,7 @@ def main() -> None:
     gc.freeze()
     gc.set_threshold(50_000)
     req = ConsumeRequest(args.topic, "g", "exactly-once", Connection(args.bootstrap, ""))
-    resolver = KeyResolver(None)
+    resolver = Keys(req, req.router())
 
     def general(msgs):
         batch = _sort(list(msgs), resolver, req, must_have_key=True)

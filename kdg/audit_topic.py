@@ -112,7 +112,7 @@ def load_topic(store, bootstrap: str, topic: str, extra: dict, resolver: KeyReso
 
 
 def _keyed(resolver: KeyResolver, deletes, topic: str, msg) -> tuple | None:
-    """One record as ``kdg_audit_src`` holds it, keyed as ``kdg.consume._sort`` keys it; None: a probe.
+    """One record as ``kdg_audit_src`` holds it, keyed as ``kdg.flow.source.sort_batch`` keys it; None: a probe.
     ``deletes``: what reads a change event, to tell its deletes (None: only tombstones delete)."""
     partition, offset = msg.partition(), msg.offset()
     rec = Record(msg.value(), msg.key(), msg.headers() or [], partition, topic, offset, msg.timestamp()[1])

@@ -1,6 +1,6 @@
 """A poll's messages sorted into sink rows per batch, with no Python per record: the generic Postgres sink's path.
 
-`kdg consume`'s general sort (:func:`kdg.consume._sort`) makes one :class:`~kdg.records.Record` per message and
+`kdg consume`'s general sort (:func:`kdg.flow.source.sort_batch`) makes one :class:`~kdg.records.Record` per message and
 reads each one in Python: 5-10 µs a record, against about 2 µs for confluent-kafka to hand the message over.
 Most batches are alike, though: one topic, every record with the same header names (a producer's own, kdg's
 ``kdg-id`` and ``kdg-seq``), plain UTF-8 values of a sane size. :func:`sort_rows` checks that a batch is one of

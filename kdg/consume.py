@@ -17,14 +17,13 @@ from kdg.batching import sort_rows
 from kdg.guarantees import CommitMode, policy_for
 from kdg.kafka.consumer import KdgConsumer, StartOffset
 from kdg.flow.routes import Router, command_line_router
+from kdg.flow.source import Keys, sort_batch, value_decoder
 from kdg.flow.topics import PipelineTopics
-from kdg.keys import KeyResolver
 from kdg.lifecycle import DEFAULT_WAIT_TIMEOUT_S, Shutdown, StopRequested, wait_until_up
 from kdg.mapping import Mapping
 from kdg.memory import CalmCollector
 from kdg.metrics import Metrics
 from kdg.offsets import OffsetProtocol, TopicEnd
-from kdg.records import Record
 from kdg.retention import check_dedup_retention
 from kdg.schemas.registry import waiting_for_registry
 from kdg.settings import Connection
@@ -156,143 +155,6 @@ def _shown(req: ConsumeRequest) -> str:
     if req.routes is not None:
         return ",".join(s for r in req.routes.routes for s in r.topics + ((f"/{r.pattern}/",) if r.pattern else ()))
     return ",".join(req.topics + ([f"/{req.topic_pattern}/"] if req.topic_pattern else []))
-
-
-def value_decoder(req: ConsumeRequest):
-    """How values are read outside a mapping (``--id-from json:``, the stdout sink): None for JSON or raw bytes."""
-    from kdg.schemas.codecs import optional_decoder
-
-    return optional_decoder(req.value_format, req.conn.registry)
-
-
-class Keys:
-    """Each topic's :class:`KeyResolver`: its route's ``id_from`` (else ``--id-from``) and envelope."""
-
-    def __init__(self, req: ConsumeRequest, router: Router):
-        self.req, self.router = req, router
-        self._by_route: dict[str, KeyResolver] = {}
-        self._by_topic: dict[str, KeyResolver] = {}
-        for route in router.routes:  # a malformed --id-from is refused before anything is read
-            self._for(route)
-        self.plain = all(r.kind is None for r in self._by_route.values())  # every key from the kdg-id header
-        self.fans = {r.name: _transform(self.req, r) for r in router.routes if r.transform is not None}
-        fanned = any(r.fan is not None for r in router.routes)
-        self.plain = self.plain and not self.fans and not fanned  # a transform, or a fan-out, reads each record
-        if fanned and not self.fans:
-            self.fans = {None: None}  # (a fan-out without transforms still copies each record per route)
-
-    def _for(self, route) -> KeyResolver:
-        found = self._by_route.get(route.name)
-        if found is None:
-            id_from = route.id_from or self.req.id_from
-            decode = value_decoder(self.req) if id_from else None
-            envelope = route.mapping.envelope if route.mapping is not None else "none"
-            found = self._by_route[route.name] = KeyResolver(id_from, decode, envelope=envelope)
-        return found
-
-    def transformed(self, batch: Batch) -> None:
-        """Each record through its route's transform (a fan-out: every route's): rows in place of records,
-        filtered and failed counted."""
-        if not self.fans or not batch.records:
-            return
-        from kdg.flow.transform import fan_out
-
-        records, batch.records = batch.records, []
-        run: list = []
-        topic = None
-        for pair in records + [(None, None)]:  # runs of one topic, in order
-            now = pair[0].topic if pair[0] is not None else None
-            if now != topic and run:
-                outputs = self._outputs(topic)
-                if outputs is None:
-                    batch.records += run
-                else:
-                    filtered, extra = fan_out(run, outputs, batch.records, batch.dead)
-                    batch.filtered += filtered
-                    batch.exploded += extra
-                run = []
-            topic = now
-            run.append(pair)
-
-    def _outputs(self, topic: str) -> list | None:
-        """``(route name, Transform or None)`` of each route ``topic`` goes to; None: one route, no transform."""
-        routes = self.router.fanned(topic)
-        if len(routes) == 1 and routes[0].transform is None:
-            return None
-        return [(r.name if len(routes) > 1 else None, self.fans.get(r.name)) for r in routes]
-
-    def of(self, topic: str) -> KeyResolver:
-        found = self._by_topic.get(topic)
-        if found is None:
-            found = self._by_topic[topic] = self._for(self.router.route(topic))
-        return found
-
-
-def _transform(req: ConsumeRequest, route):
-    """The route's transform, its value and key decoded by its formats (a mapping's, else the request's)."""
-    from kdg.flow.transform import Transform, load_function
-    from kdg.schemas.codecs import optional_decoder
-
-    fn = load_function(route.transform, "--transform")
-    formats = (route.mapping.value_format, route.mapping.key_format) if route.mapping is not None else (
-        req.value_format, "json")
-    decode = [optional_decoder(f, req.conn.registry) for f in formats]
-    return Transform(fn, *decode)
-
-
-def _sort(msgs, keys: Keys, req: ConsumeRequest, must_have_key: bool) -> Batch:
-    """Turn messages into a batch: good records with keys, and dead letters with a reason.
-
-    This runs once per record, so it reads each message once and keeps to local names. Records share
-    one topic string (a message's own lives as long as anything holds it), and each message is let go
-    once read: a batch's messages and its records never all live at once.
-    """
-    batch = Batch()
-    records, dead, first, after = batch.records, batch.dead, batch.first_offsets, batch.next_offsets
-    max_bytes, utf8 = req.max_bytes, req.require_utf8
-    topic = resolver = by_offset = None
-    for i, msg in enumerate(msgs):
-        msgs[i] = None
-        partition, offset = msg.partition(), msg.offset()
-        if msg.topic() != topic:
-            topic = msg.topic()
-            resolver = keys.of(topic)
-            by_offset = resolver.kind == "offset"  # every record has a key: a probe is known by its headers alone
-        rec = Record(msg.value(), msg.key(), msg.headers() or [], partition, topic, offset, msg.timestamp()[1])
-        tp = (topic, partition)
-        if tp not in first:
-            first[tp] = offset
-            batch.first_timestamps[tp] = rec.timestamp
-        if offset >= after.get(tp, 0):
-            after[tp] = offset + 1
-        value = rec.value or b""
-        if len(value) > max_bytes:
-            dead.append((rec, f"oversize: {len(value)} bytes > {max_bytes}", rec.idempotency_key))
-            continue
-        if utf8:
-            try:
-                value.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                dead.append((rec, f"not UTF-8: {exc.reason} at byte {exc.start}", rec.idempotency_key))
-                continue
-        try:
-            key = resolver.key(rec)
-        except ValueError as exc:
-            if rec.is_probe:
-                batch.probes.append(tp)
-                continue
-            dead.append((rec, f"{resolver.unreadable}{exc}", None))
-            continue
-        if (key is None or by_offset) and rec.is_probe:  # `kdg doctor`'s record: stepped over
-            batch.probes.append(tp)
-            continue
-        if key is None:
-            if must_have_key:
-                raise UsageError(f"{resolver.missing(rec)}; exactly-once needs an idempotency key for every "
-                                 "record (nothing of this batch was written)")
-            key = f"{topic}/{partition}/{offset}"
-        records.append((rec, key))
-    return batch
 
 
 def run_consume(req: ConsumeRequest) -> ConsumeReport:
@@ -507,7 +369,7 @@ def _handle(msgs, req, policy, keys, offsets, sink, report, metrics) -> None:
     if sink.takes_rows and keys.plain:  # per batch where the batch allows (kdg.batching)
         batch = sort_rows(msgs, req.max_bytes, req.require_utf8, must_have_key=policy.dedup)
     if batch is None:
-        batch = _sort(msgs, keys, req, must_have_key=policy.dedup)
+        batch = sort_batch(msgs, keys, req, must_have_key=policy.dedup)
         keys.transformed(batch)
     msgs.clear()
     if not offsets.before_write(batch):

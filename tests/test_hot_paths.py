@@ -8,7 +8,9 @@ import uuid
 import confluent_kafka
 import pytest
 
-from kdg.consume import ConsumeRequest, Keys, _sort
+from kdg.consume import ConsumeRequest
+from kdg.flow.source import Keys
+from kdg.flow.source import sort_batch as _sort
 from kdg.errors import UsageError
 from kdg.produce import _stamp
 from kdg.records import Record, Uuid7Maker, id_maker, uuid7

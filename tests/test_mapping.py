@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from kdg.consume import KeyResolver
+from kdg.keys import KeyResolver
 from kdg.errors import UsageError
 from kdg.guarantees import policy_for
 from kdg.mapping import RowMaker, build_mapping, parse_column, parse_pointer, parse_source, parse_type

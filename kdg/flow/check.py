@@ -8,7 +8,6 @@ its mapping, as ``kdg mapping check`` does). Each refused topic or table is a *p
 topic and the name; a pattern that matches nothing yet is only a note (CDC topics appear with their first change).
 """
 
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
