@@ -28,7 +28,6 @@ from kdg.batching import sort_rows
 from kdg.consume import ConsumeRequest
 from kdg.flow.source import Keys
 from kdg.flow.source import sort_batch as _sort
-from kdg.keys import KeyResolver
 from kdg.settings import Connection
 from kdg.store.rows import SinkRows, sink_row
 
