@@ -166,6 +166,8 @@ class Record:
     topic: str | None = None
     offset: int | None = None
     timestamp: int | None = None
+    row: dict | None = None     # a transform's row: what the mapping's json: sources read (kdg.flow.transform)
+    route: str | None = None    # a fan-out's route this copy of the record goes to
 
     def header(self, name: str) -> bytes | None:
         """The value of header ``name``; of a repeated name the last, as the jsonb headers column and Spark keep it."""

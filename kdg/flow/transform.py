@@ -18,7 +18,6 @@ import importlib
 import json
 import os
 import sys
-from dataclasses import dataclass
 from decimal import Decimal
 
 from kdg.errors import UsageError
@@ -28,32 +27,38 @@ ERROR_TYPE_HEADER = "kdg-error-type"
 ERROR_MESSAGE_HEADER = "kdg-error-message"
 
 
-@dataclass(frozen=True, slots=True)
 class TransformRecord:
-    """What a transform is given: one record, decoded by its route's formats."""
+    """What a transform is given: one record, decoded by its route's formats.
 
-    value: object              # the value decoded (JSON: dict, list, …; raw: bytes); None for a tombstone
-    key: object                # the key decoded likewise (JSON; else its text, or bytes)
-    headers: dict              # header name → value as text (of a repeated name the last)
-    topic: str
-    partition: int
-    offset: int
-    timestamp: int | None      # Kafka's, in milliseconds
-    idempotency_key: str       # the record's kdg-id, or what --id-from / the route's id_from made of it
+    ``value``: the value decoded (JSON: dict, list, … with decimals as :class:`~decimal.Decimal`; a format
+    that is not JSON: its decoded document; bytes that are not JSON: the bytes); None for a tombstone.
+    ``key``: the key decoded likewise. ``headers``: name → value as text (of a repeated name the last).
+    ``topic``, ``partition``, ``offset``, ``timestamp`` (Kafka's, in milliseconds) and ``idempotency_key``
+    (its ``kdg-id``, or what ``--id-from`` or the route's ``id_from`` made of it).
+    """
 
+    __slots__ = ("value", "idempotency_key", "_rec", "_decode_key")
 
-@dataclass(eq=False)
-class Derived(Record):
-    """A record as a transform (or a fan-out) made it: ``row`` is what its ``json:`` sources read (its ``value``
-    stays the record's own bytes, for a dead letter; the generic table takes :meth:`as_value`)."""
+    def __init__(self, rec: Record, value, idempotency_key: str, decode_key=None):
+        self.value, self.idempotency_key, self._rec, self._decode_key = value, idempotency_key, rec, decode_key
 
-    row: dict | None = None    # None: the record as it is (a fan-out's output without a transform)
-    route: str | None = None   # a fan-out's route it goes to
+    @property
+    def key(self):
+        raw = self._rec.key
+        return (self._decode_key or _json_or_bytes)(raw) if raw is not None else None
 
-    def as_value(self) -> bytes:
-        if self.row is None:
-            return self.value
-        return json.dumps(self.row, separators=(",", ":"), default=str).encode()
+    @property
+    def headers(self) -> dict:
+        return {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in self._rec.headers}
+
+    topic = property(lambda self: self._rec.topic)
+    partition = property(lambda self: self._rec.partition)
+    offset = property(lambda self: self._rec.offset)
+    timestamp = property(lambda self: self._rec.timestamp)
+
+    def __repr__(self) -> str:
+        return (f"TransformRecord(topic={self.topic!r}, partition={self.partition}, offset={self.offset}, "
+                f"value={self.value!r})")
 
 
 def load_function(spec: str | None, option: str):
@@ -80,23 +85,24 @@ class Transform:
 
     def __init__(self, fn, decode_value=None, decode_key=None):
         """``decode_value``/``decode_key``: the route's decoders (None: JSON, or the bytes where not JSON)."""
-        self.fn, self._value, self._key = fn, decode_value or _json_or_bytes, decode_key or _json_or_bytes
+        self.fn, self._value, self._key = fn, decode_value or _json_or_bytes, decode_key
 
-    def rows(self, rec: Record, key: str, route: str | None = None) -> list:
-        """The record's rows, ``(Derived, key)`` each (none: filtered); :class:`Failed` with its dead letter."""
+    def rows(self, rec: Record, key: str, route: str | None = None, reuse: bool = False) -> list:
+        """The record's rows, ``(record, key)`` each, the row in ``record.row`` (none: filtered); :class:`Failed`
+        with its dead letter. ``reuse``: a single row is set on ``rec`` itself, not on a copy."""
         try:
-            made = self.fn(TransformRecord(
-                self._value(rec.value) if rec.value is not None else None,
-                self._key(rec.key) if rec.key is not None else None,
-                {k: v.decode("utf-8", "replace") if isinstance(v, bytes) else v for k, v in rec.headers},
-                rec.topic, rec.partition, rec.offset, rec.timestamp, key))
+            made = self.fn(TransformRecord(rec, self._value(rec.value) if rec.value is not None else None, key,
+                                           self._key))
         except Exception as exc:  # the record's error, not the pipeline's: dead-lettered, the batch goes on
             raise Failed((rec, f"transform raised {type(exc).__name__}: {exc}", key,
                           [(ERROR_TYPE_HEADER, type(exc).__name__.encode()),
                            (ERROR_MESSAGE_HEADER, str(exc).encode("utf-8", "replace")[:2000])])) from None
         if made is None:
             return []
-        if isinstance(made, dict):
+        if type(made) is dict:
+            if reuse:
+                rec.row = made
+                return [(rec, key)]
             return [(_derived(rec, made, route), key)]
         if isinstance(made, list) and all(isinstance(m, dict) for m in made):
             return [(_derived(rec, m, route), f"{key}#{i}") for i, m in enumerate(made)]
@@ -117,7 +123,20 @@ def fan_out(pairs: list, outputs: list, out: list, dead: list) -> tuple[int, int
     of every output into ``out``, or, if any output's transform fails, the record into ``dead`` and none of its
     rows. Returns (records filtered: no row at all, rows beyond one per record)."""
     filtered = extra = 0
-    tagged = len(outputs) > 1
+    if len(outputs) == 1 and outputs[0][1] is not None:  # one route's transform: its one row is the record itself
+        only = outputs[0][1]
+        for rec, key in pairs:
+            try:
+                rows = only.rows(rec, key, None, reuse=True)
+            except Failed as failed:
+                dead.append(failed.dead)
+                continue
+            if not rows:
+                filtered += 1
+            elif len(rows) > 1:
+                extra += len(rows) - 1
+            out += rows
+        return filtered, extra
     for rec, key in pairs:
         rows = []
         try:
@@ -125,7 +144,7 @@ def fan_out(pairs: list, outputs: list, out: list, dead: list) -> tuple[int, int
                 if transform is not None:
                     rows += transform.rows(rec, key, route)
                 else:
-                    rows.append((_derived(rec, None, route) if tagged else rec, key))
+                    rows.append((_derived(rec, None, route), key))
         except Failed as failed:
             dead.append(failed.dead)
             continue
@@ -136,13 +155,24 @@ def fan_out(pairs: list, outputs: list, out: list, dead: list) -> tuple[int, int
     return filtered, extra
 
 
-def _derived(rec: Record, row: dict | None, route: str | None) -> Derived:
-    return Derived(rec.value, rec.key, rec.headers, rec.partition, rec.topic, rec.offset, rec.timestamp, row, route)
+def _derived(rec: Record, row: dict | None, route: str | None) -> Record:
+    """A copy of ``rec`` holding one of its rows (an explode's, a fan-out's)."""
+    return Record(rec.value, rec.key, rec.headers, rec.partition, rec.topic, rec.offset, rec.timestamp, row, route)
+
+
+def as_value(rec: Record) -> bytes | None:
+    """What the generic table stores of a record: a transform's row as JSON, else the record's own value."""
+    if rec.row is None:
+        return rec.value
+    return json.dumps(rec.row, separators=(",", ":"), default=str).encode()
+
+
+_DECODE = json.JSONDecoder(parse_float=Decimal).decode  # made once: json.loads(parse_float=…) makes one a call
 
 
 def _json_or_bytes(data: bytes):
     """JSON with its decimals exact (:class:`~decimal.Decimal`), or the bytes as they are where not JSON."""
     try:
-        return json.loads(data, parse_float=Decimal)
-    except ValueError:
+        return _DECODE(data.decode("utf-8"))
+    except ValueError:  # (UnicodeDecodeError too)
         return data

@@ -18,7 +18,6 @@ from typing import NamedTuple
 
 from kdg.mapping.connect import converter
 from kdg.mapping.record_schemas import ConnectJson, envelope_field, field_schema, from_avro, is_wrapped
-from kdg.flow.transform import Derived
 from kdg.mapping.sources import as_text, json_text, parse_json
 
 UPSERTS = frozenset(("c", "u", "r"))  # Debezium's create, update, read (snapshot): the row is `after`
@@ -66,7 +65,7 @@ class RecordReader:
         """What ``rec``'s sources read; ValueError (the record's dead letter) if its value or key cannot be read,
         or is not a change event under the envelope."""
         tomb = rec.value is None
-        if type(rec) is Derived and rec.row is not None:  # a transform's row: already decoded
+        if rec.row is not None:  # a transform's row: already decoded
             return self._derived(rec)
         if not self.cdc:
             if self._plain:  # JSON values, no key: sources: the common case, kept short
@@ -119,11 +118,11 @@ class RecordReader:
         return Document(deleted, row, event, key_doc, self._plan((vid, field, kid), roots), field == "key")
 
     def _derived(self, rec) -> Document:
-        """A transform's row (:class:`kdg.flow.transform.Derived`): what ``json:`` reads; under the debezium
+        """A transform's row (``rec.row``, :mod:`kdg.flow.transform`): what ``json:`` reads; under the debezium
         envelope, the change event the transform returned."""
         key_doc = self._key(rec)[0] if self._reads_key and rec.key is not None else None
         if not self.cdc:
-            return Document(False, rec.row, None, key_doc, None)
+            return _document((False, rec.row, None, key_doc, None, False))
         event, op = rec.row, rec.row.get("op")
         if op in UPSERTS and type(event.get("after")) is dict:
             return Document(False, event["after"], event, key_doc, None)

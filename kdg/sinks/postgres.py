@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from kdg import faults
 from kdg.flow.routes import Router, Target, source_block
-from kdg.flow.transform import Derived
+from kdg.flow.transform import as_value
 from kdg.sinks import Batch, Outcome, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue, refused_row, tally
 from kdg.sinks.pipeline import Pipeline
@@ -277,7 +277,7 @@ class PostgresSink(Sink):
         unrouted, unnamed = 0, []
         for pair in batch.records:
             rec = pair[0]
-            at = (rec.topic, rec.route if type(rec) is Derived else None)
+            at = (rec.topic, rec.route)
             writer = self._by_topic.get(at) or self._writer(*at[:1], batch.records, at[1])
             if writer is None:
                 if pair[0].value is None:
@@ -292,8 +292,8 @@ class PostgresSink(Sink):
         parts = []
         for writer, records in groups.values():
             if writer.target is None:
-                parts.append((Part(writer.table, SinkRows.of([sink_row(rec, key) if type(rec) is not Derived else
-                                                              sink_row(replace(rec, value=rec.as_value()), key)
+                parts.append((Part(writer.table, SinkRows.of([sink_row(rec, key) if rec.row is None else
+                                                              sink_row(replace(rec, value=as_value(rec)), key)
                                                               for rec, key in records])), records))
             else:
                 writer.rows.prepare(records)  # a registry that is away is waited for here, not inside the COPY
