@@ -111,6 +111,7 @@ class ConsumeReport:
     max_dead_letters: str = ""       # the limit this run kept to (--max-dead-letters)
     field_notes: list = field(default_factory=list)  # a typed sink: mapped fields no record had, fields unmapped
     tables: dict = field(default_factory=dict)  # Postgres: per table, where its rows ended (and its route)
+    schema_changes: list = field(default_factory=list)  # evolve = add-columns: each column added (table, column, type)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -312,6 +313,7 @@ def _loop(req, policy, keys, consumer, offsets, sink, end, report, metrics) -> N
                 req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
             for note in sink.healed():
                 req.notice(f"warning: {note}")
+            _schema_changes(req, sink, report)
             _field_notes(req, sink, report, metrics)
             stop = _stop_reason(req, got, end, report, last_data, sink.records_in_flight)
             if stop and sink.records_in_flight:  # decide on what is written, not on what is being written
@@ -349,6 +351,16 @@ def _field_notes(req, sink, report, metrics) -> None:
         report.field_notes.append({"table": table.text, "kind": note.kind, "field": note.field,
                                    "from": note.source or None})
     metrics.mapping_fields(report.topic, sink.field_counts())
+
+
+def _schema_changes(req, sink, report) -> None:
+    """Say each column ``evolve = "add-columns"`` added since last asked, and keep it in the report."""
+    changes = getattr(sink, "schema_changes", None)
+    while changes:
+        change = changes.pop(0)
+        req.notice(f"{change['table']}: column {change['column']} {change['type']} {change['change']} (a field new to "
+                   "the table)")
+        report.schema_changes.append(change)
 
 
 def _stop_reason(req, got: bool, end, report, last_data: float, in_flight: int) -> str | None:

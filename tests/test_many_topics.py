@@ -154,3 +154,49 @@ id_from = "offset"
     duplicated = [audited(kdg, f"{prefix}.public.{t}", "--table", f"{prefix}_alo_{t}", "-G", f"{group}-alo",
                           "--id-from", "offset")["duplicates"] for t in SHAPES]
     assert sum(duplicated) > 0, duplicated
+
+
+def test_a_field_new_to_the_table_adds_its_column_mid_stream(kdg, conn, group, tmp_path):
+    """customers gains loyalty_tier mid-stream (Debezium's schema says so from that event on). With evolve =
+    add-columns the column is added before the batch that carries it, the rows written before keep NULL, and a
+    kill between the two schemas' batches loses nothing. Without evolve, the new field is said, not followed."""
+    from confluent_kafka import Producer
+
+    from kdg.kafka.admin import ensure_topic
+
+    topic = f"evo{uuid.uuid4().hex[:6]}.public.customers"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    v1, v2 = _schema("customers"), _schema("customers")
+    for side in v2["fields"][:2]:  # before and after gain an optional string
+        side["fields"] = side["fields"] + [{"field": "loyalty_tier", "type": "string", "optional": True}]
+    key_schema = {"type": "struct", "fields": [{"field": "id", "type": "int64"}]}
+    producer, final = Producer({"bootstrap.servers": conn.bootstrap_servers}), {}
+    for n in range(400):  # ids 0-199 created (v1), then 200 updates of ids 100-299 under v2
+        i, v2_now = (n, False) if n < 200 else (n - 100, True)
+        row = _row("customers", {"id": i, "name": f"c{n}", "qty": n})
+        if v2_now:
+            row["loyalty_tier"] = f"tier{n % 3}"
+        final[i] = {**{"loyalty_tier": None}, **row}
+        after = {k: _connect(v, SHAPES["customers"].get(k, (None, None))[1]) for k, v in row.items()}
+        event = {"before": None, "after": after, "op": "c" if n < 200 or i >= 200 else "u",
+                 "source": {"schema": "public", "table": "customers"}}
+        producer.produce(topic, json.dumps({"schema": v2 if v2_now else v1, "payload": event}).encode(),
+                         json.dumps({"schema": key_schema, "payload": {"id": i}}).encode())
+    producer.flush(30)
+    table = f"evo_{uuid.uuid4().hex[:6]}"
+    pipeline = tmp_path / "evolve.toml"
+    pipeline.write_text(f'[[route]]\ntopics = ["{topic}"]\ntable = "{table}"\nenvelope = "debezium"\n'
+                        'columns = "from-schema"\nevolve = "add-columns"\ncreate_table = true\nid_from = "offset"\n')
+    run = ("consume", "--pipeline", pipeline, "-G", group, "-g", "exactly-once", "-e", "--batch-size", 100, "--json")
+    crashed = kdg(*run, env={"KDG_FAULT": "inside-pg-transaction@2"}, check=False)  # the last batch of v1
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    report = as_json(kdg(*run))
+    assert [(c["column"], c["change"]) for c in report["schema_changes"]] == [("loyalty_tier", "added")], report
+    with Store(conn.pg_dsn) as store:
+        rows = {r["id"]: dict(r) for r in store.fetch(f"SELECT * FROM {table}")}
+    assert rows == final
+
+    plain = tmp_path / "plain.toml"  # the same topic without evolve: the field is said, and left out
+    plain.write_text(pipeline.read_text().replace('evolve = "add-columns"\n', "").replace(table, f"{table}_fixed"))
+    seen = kdg("consume", "--pipeline", plain, "-G", f"{group}-fixed", "-e", "--batch-size", 100)
+    assert "column loyalty_tier text not followed (evolve = none" in seen.stderr, seen.stderr

@@ -36,6 +36,7 @@ from kdg.settings import TableName, table_name
 MODES = ("insert", "upsert")
 TOMBSTONES = ("dead-letter", "delete", "ignore")
 ENVELOPES = ("none", "debezium")
+EVOLVE = ("none", "add-columns")
 _FILE_KEYS = {"table", "mode", "key", "on_tombstone", "create_table", "columns", "envelope", "value_format",
               "key_format"}
 # the NAME of 'NAME [TYPE] = SOURCE': a double-quoted name may hold spaces and '=' (its rule: column_name)
@@ -98,6 +99,7 @@ class Mapping:
     value_format: str = "json"         # how the value is decoded for json: sources (kdg.schemas.codecs.FORMATS)
     key_format: str = "json"           # ... and the key for key:FIELD sources
     from_schema: bool = False          # columns = "from-schema": each topic's columns come from its records' schema
+    evolve: str = "none"               # add-columns: a field new to the table adds a nullable column (from-schema)
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
@@ -189,7 +191,7 @@ def _file_column(path: Path, name: str, entry) -> Column:
 def build_mapping(*, file: Path | None = None, columns: list[str] | None = None, table: str | None = None,
                   mode: str | None = None, on_tombstone: str | None = None, create_table: bool = False,
                   key: tuple[str, ...] = (), envelope: str | None = None, value_format: str | None = None,
-                  key_format: str | None = None, from_schema: bool = False) -> Mapping | None:
+                  key_format: str | None = None, from_schema: bool = False, evolve: str | None = None) -> Mapping | None:
     """The mapping the flags and file describe, flags winning; None when no typed-sink option was given.
 
     Under ``envelope = debezium`` the mode defaults to upsert and tombstones to delete: a change stream's
@@ -216,7 +218,11 @@ def build_mapping(*, file: Path | None = None, columns: list[str] | None = None,
                       on_tombstone or base.get("on_tombstone") or ("delete" if cdc else "dead-letter"),
                       bool(create_table or base.get("create_table")), envelope,
                       value_format or base.get("value_format") or "json", key_format or base.get("key_format") or "json",
-                      from_schema)
+                      from_schema, evolve or "none")
+    if mapping.evolve not in EVOLVE:
+        raise UsageError(f"evolve {mapping.evolve!r}: use {' or '.join(EVOLVE)}")
+    if mapping.evolve != "none" and not from_schema:
+        raise UsageError('evolve = "add-columns" follows the records\' schema: give columns = "from-schema" too')
     if from_schema:  # its columns (and key) are each topic's records' (kdg.mapping.from_record): checked then
         return replace(validate(replace(mapping, key=())), key=key)
     return validate(mapping)

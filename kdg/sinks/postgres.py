@@ -9,7 +9,7 @@ transaction (:mod:`kdg.store.unit`).
 """
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from kdg import faults
 from kdg.flow.routes import Router, Target, source_block
@@ -33,6 +33,8 @@ class TableWriter:
     route: str               # the name of the route that writes it
     target: object = None    # kdg.store.typed.TypedTarget (None: the generic table)
     rows: object = None      # kdg.mapping.RowMaker
+    schemas: set = field(default_factory=set)  # columns from the schema: the record schemas (their text) looked at
+    said: set = field(default_factory=set)     # ... and, evolve = none, the new fields said (once each)
 
 
 class PostgresSink(Sink):
@@ -51,6 +53,7 @@ class PostgresSink(Sink):
         self.writers: dict[str, TableWriter] = {}  # by table identity
         self._by_topic: dict[str, TableWriter] = {}
         self._sources: dict[str, object] = {}  # per route of a {source.*} template: a reader of its events
+        self.schema_changes: list[dict] = []  # columns evolve = add-columns added, said as they are
         self.windows: list = []  # exactly-once: the tables' claim windows, maintained from here (keep_window)
         self.partitions_dropped = 0
         self._maintain_at, self._maintain_every = 0.0, 300.0
@@ -93,6 +96,8 @@ class PostgresSink(Sink):
         else:
             from kdg.mapping import RowMaker
 
+            if target.mapping.evolve == "add-columns":  # a table made before the schema grew: its new columns first
+                self._added(self.store.add_columns(target.table, target.mapping.columns), target.table)
             typed, _ = self.store.prepare_typed(target.mapping)  # checked (made) before its records are written
             identity = typed.mapping.table
             writer = self.writers.get(identity.text) or TableWriter(identity, target.route.name, typed, RowMaker(
@@ -101,6 +106,40 @@ class PostgresSink(Sink):
             self.writers[identity.text] = writer
             self.on_table(self.store, identity, topic, self)
         return writer
+
+    def _evolve(self, writer: TableWriter, records) -> None:
+        """Columns from the records' schema: a record schema new to ``writer`` naming fields its table lacks adds
+        them (``evolve = "add-columns"``: nullable, :meth:`Store.add_columns`) before the batch that carries them
+        is written, or (``evolve = "none"``) says each once: never silent."""
+        from kdg.mapping import RowMaker
+        from kdg.mapping.from_record import mapping_from_record
+
+        mapping = writer.target.mapping
+        for rec, _ in records:
+            value = rec.value
+            cut = value.find(b'"payload"') if value is not None and rec.row is None else -1
+            if cut < 0 or value[:cut] in writer.schemas:
+                continue
+            writer.schemas.add(value[:cut])
+            found = mapping_from_record(value, rec.key, mapping, mapping.table)
+            have = {c.name for c in mapping.columns} | writer.said
+            new = [c for c in found.columns if c.name not in have] if found is not None else []
+            if not new:
+                continue
+            if mapping.evolve != "add-columns":
+                self._added(new, mapping.table, "not followed (evolve = none: its values are not written)")
+                writer.said |= {c.name for c in new}
+                continue
+            added = self.store.add_columns(mapping.table, new)
+            self._added(added, mapping.table)
+            self._added([c for c in new if c not in added], mapping.table, "taken up (added before)")
+            typed, _ = self.store.prepare_typed(replace(mapping, columns=mapping.columns + tuple(new)))
+            writer.target, writer.rows = typed, RowMaker(typed.mapping, self.registry, watch=True)
+            mapping = typed.mapping
+
+    def _added(self, columns, table, change: str = "added") -> None:
+        self.schema_changes += [{"table": table.text, "column": c.name, "type": c.type.name, "change": change}
+                                for c in columns]
 
     @staticmethod
     def _derive(topic: str, target: Target, records):
@@ -296,6 +335,8 @@ class PostgresSink(Sink):
                                                               sink_row(replace(rec, value=as_value(rec)), key)
                                                               for rec, key in records])), records))
             else:
+                if writer.target.mapping.from_schema:
+                    self._evolve(writer, records)
                 writer.rows.prepare(records)  # a registry that is away is waited for here, not inside the COPY
                 staged = writer.rows.staged(records, keep=self.handler is not None)  # made as the COPY reads them
                 parts.append((Part(writer.table, staged, writer.target), records))

@@ -80,6 +80,25 @@ class SinksMixin:
 
         return self._run(prepare())
 
+    def add_columns(self, table: TableName, columns) -> list:
+        """Add each of ``columns`` (:class:`kdg.mapping.spec.Column`) the table lacks, nullable, in one transaction
+        under the table's evolution lock: two writers meeting the same new field add it once. Returns the
+        columns this call added."""
+        async def add():
+            async with self.conn.transaction():
+                await self.conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"kdg-evolve:{table.text}")
+                if not await self.conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table.sql):
+                    return []  # not made yet: made with every column
+                have = {r["attname"] for r in await self.conn.fetch(
+                    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 "
+                    "AND NOT attisdropped", table.sql)}
+                added = [c for c in columns if c.name not in have]
+                for c in added:
+                    await self.conn.execute(f"ALTER TABLE {table.sql} ADD COLUMN {c.sql} {c.type.name}")
+                return added
+
+        return self._run(add())
+
     def write_typed(self, target: TypedTarget, rows: StagedRows, *, claim: bool, group: str | None = None,
                     topic: str | None = None, next_offsets: dict[int, int] | None = None,
                     fences: dict[int, int] | None = None, dead_letter=None, handler=None,
