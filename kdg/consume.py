@@ -224,24 +224,29 @@ def _consume(req: ConsumeRequest, policy, kind: str, router: Router, keys: Keys,
         metrics.not_ready = "no partitions assigned"
         offsets = OffsetProtocol(policy, consumer, sink)
 
+        def rebalanced(kind: str, changed: list) -> None:
+            """Each topic's partitions held after the change, on the gauge (0 too: a member left with none)."""
+            sign, by = (1 if kind == "assigned" else -1), _by_topic(changed)
+            held = {t: sign * len(by.get(t, ())) for t in set(by) | set(topics.partitions)}
+            for t, _ in consumer.assigned:
+                held[t] = held.get(t, 0) + 1
+            for topic, n in held.items():
+                metrics.rebalanced(topic, kind, by.get(topic, []), n)
+                if kind == "revoked" and topic in by:
+                    metrics.forget(topic, by[topic])
+            metrics.not_ready = None if sum(held.values()) > 0 else "no partitions assigned"
+
         def on_assign(assigned):
             assigned = [p for p in assigned if router.takes(p.topic)]  # never a TOPIC.dlq a pattern matched
             not_streamed([(p.topic, p.partition) for p in assigned])
             chosen = offsets.assign(assigned)
             faults.reach("during-rebalance")  # partitions taken (fences bumped), not yet fetching
-            held = len(consumer.assigned) + len(chosen)
-            for topic, parts in _by_topic(chosen).items():
-                metrics.rebalanced(topic, "assigned", parts, held)
-            metrics.not_ready = None if held > 0 else "no partitions assigned"  # a member left with none
+            rebalanced("assigned", chosen)
             return chosen
 
         def on_revoke(revoked):
             offsets.revoke(revoked)
-            held = len(consumer.assigned) - len(revoked)
-            for topic, parts in _by_topic(revoked).items():
-                metrics.rebalanced(topic, "revoked", parts, held)
-                metrics.forget(topic, parts)
-            metrics.not_ready = None if held > 0 else "no partitions assigned"
+            rebalanced("revoked", revoked)
 
         # a pipeline of several topics continues those it has positions for, and starts the others at -o
         consumer.stored_wins = len(router.subscription()) > 1 or any(r.pattern for r in router.routes)

@@ -8,9 +8,8 @@ metadata refresh).
 
 import time
 
-from kdg.errors import UnknownTopic
 from kdg.flow.routes import Router
-from kdg.kafka.admin import all_partitions
+from kdg.kafka.admin import all_partitions, topic_partitions
 from kdg.lifecycle import attempt_s, wait_until_up
 
 NEW_TOPIC_CHECK_S = 5.0  # how often -e looks for topics a pattern took since
@@ -47,11 +46,12 @@ class PipelineTopics:
         return found
 
     def _listed(self, names: list[str]) -> dict[str, list[int]]:
-        every = all_partitions(self.bootstrap, self.extra, attempt_s(self.wait_timeout, self.shutdown))
-        missing = [n for n in names if n not in every]
-        if missing:
-            raise UnknownTopic(f"topic {missing[0]!r} does not exist")
-        taken = {t: parts for t, parts in every.items() if any(r.takes(t) for r in self.router.routes)}
+        timeout = attempt_s(self.wait_timeout, self.shutdown)
+        patterns = any(r.pattern is not None for r in self.router.routes)
+        every = all_partitions(self.bootstrap, self.extra, timeout) if patterns else {}
+        for name in names:  # each asked for by name: a topic this user may not see is named so, not "missing"
+            every[name] = topic_partitions(self.bootstrap, name, self.extra, timeout)
+        taken = {t: parts for t, parts in every.items() if self.router.takes(t)}
         self.router.resolve(taken)  # a topic two routes take, or whose table cannot be named: refused now
         return taken
 
