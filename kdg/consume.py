@@ -117,9 +117,12 @@ class ConsumeReport:
         return asdict(self)
 
 
-def load_handler(spec: str | None):
+def load_handler(spec: "str | Callable | None"):
+    """``--handler module:function`` imported (a function given as it is, as the Python API passes one)."""
     if not spec:
         return None
+    if callable(spec):
+        return spec
     module, sep, func = spec.partition(":")
     if not sep:
         raise UsageError(f"--handler {spec!r}: use module:function")
