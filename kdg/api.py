@@ -23,7 +23,8 @@ from __future__ import annotations
 import logging
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable
 
 from kdg.checks import MAX_BATCH, check_lifecycle, check_min, checked_formats, sink_table
 from kdg.errors import UsageError
@@ -73,15 +74,17 @@ class StopToken(Shutdown):
 
 
 def connect(bootstrap_servers: str | None = None, pg_dsn: str | None = None,
-            properties: Mapping[str, Any] | None = None, profile: str | Path | None = None,
+            properties: Mapping[str, Any] | Iterable[str] | None = None, profile: str | Path | None = None,
             schema_registry: str | None = None) -> "Connection":
     """Where kdg's clients go: explicit values, then ``KDG_*`` environment variables, then the local stack
-    (what ``--bootstrap-servers``, ``--pg-dsn``, ``-X``, ``-F`` and ``--schema-registry`` give the CLI)."""
+    (what ``--bootstrap-servers``, ``--pg-dsn``, ``-X``, ``-F`` and ``--schema-registry`` give the CLI).
+
+    ``properties``: Kafka client properties, a dict (or ``-X``'s ``"key=value"`` strings)."""
     import os
 
     from kdg.settings import connection
 
-    props = [f"{k}={v}" for k, v in (properties or {}).items()]
+    props = [f"{k}={v}" for k, v in properties.items()] if isinstance(properties, Mapping) else list(properties or [])
     profile = profile or os.environ.get("KDG_KAFKA_CONFIG")
     return connection(bootstrap_servers or os.environ.get("KDG_BOOTSTRAP_SERVERS"), pg_dsn, props,
                       profile=Path(profile) if profile else None,
@@ -103,7 +106,7 @@ def consume(topic: str | list[str] | None = None, *, group: str, guarantee: str 
             shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, wait_timeout: float = 60.0,
             metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
             bootstrap_servers: str | None = None, pg_dsn: str | None = None,
-            properties: Mapping[str, Any] | None = None, profile: str | Path | None = None,
+            properties: Mapping[str, Any] | Iterable[str] | None = None, profile: str | Path | None = None,
             stop: Shutdown | None = None, progress: Callable[[int], None] | None = None,
             notice: Callable[[str], None] | None = None) -> "ConsumeReport":
     """Read topics in a consumer group and write a sink under a delivery guarantee (``kdg consume``).
@@ -113,16 +116,21 @@ def consume(topic: str | list[str] | None = None, *, group: str, guarantee: str 
         group: the consumer group id (``-G``).
         guarantee: ``at-most-once``, ``at-least-once`` or ``exactly-once``.
         table: the sink table (``SCHEMA.NAME``; a template such as ``mt_{topic}``); default ``kdg_events``.
-        columns: a typed table's columns (``--column``), e.g. ``["id bigint = json:id"]``; or ``mapping=``
-            a mapping file. ``mode``, ``create_table``, ``key_format``, ``value_format``: as the options.
-        until_end: stop once the whole topic is read for this group (``-e``). ``count``: after this many
-            records (``-c``). ``offset``: where to start (``-o``).
+        columns: a typed table's columns (``--column``), e.g. ``["id bigint = json:id"]``.
+        mapping: a mapping file (``--mapping``), instead of ``columns``.
+        create_table: create the typed table if it is missing (its schema must exist).
+        until_end: stop once the whole topic is read for this group (``-e``).
+        count: stop after this many records (``-c``).
+        offset: where to start: ``beginning``, ``end``, ``stored`` (the default), an offset (``-o``).
         transform: each record's rows: ``"module:function"`` or the function, called with a
             :class:`~kdg.flow.transform.TransformRecord`; returns a dict, a list of dicts or None (filtered).
         handler: ``"module:function"`` or the function, called with the batch's rows and the open asyncpg
             connection, inside the transaction (sync or async).
-        pipeline: a pipeline file (TOML ``[[route]]`` entries); ``pipeline_depth``: ``--pipeline-depth``.
-        bootstrap_servers, pg_dsn, properties, profile: where to connect (``properties``: a dict, ``-X``).
+        pipeline: a pipeline file (TOML ``[[route]]`` entries).
+        bootstrap_servers: Kafka's brokers (``-b``); default ``KDG_BOOTSTRAP_SERVERS``, else the local stack.
+        pg_dsn: Postgres (``--pg-dsn``); default ``KDG_PG_DSN``, else the local stack.
+        properties: Kafka client properties, a dict (``-X``).
+        profile: a client profile file (``-F``).
         stop: a :class:`StopToken`: ``stop.stop()`` finishes the batch, commits, leaves the group, returns.
         progress: called with the count of records read so far.
         notice: called with each status line (waiting for a server); default: the ``kdg`` logger, at INFO.
@@ -213,7 +221,7 @@ def produce(topic: str, values: Iterable[Any] | None = None, *, guarantee: str =
             ledger_retention: str | None = None, partitions: int = 3,
             shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, wait_timeout: float = 60.0,
             metrics_port: int | None = None, metrics_host: str = "0.0.0.0", bootstrap_servers: str | None = None,
-            pg_dsn: str | None = None, properties: Mapping[str, Any] | None = None,
+            pg_dsn: str | None = None, properties: Mapping[str, Any] | Iterable[str] | None = None,
             profile: str | Path | None = None, stop: Shutdown | None = None,
             progress: Callable[[int], None] | None = None,
             notice: Callable[[str], None] | None = None) -> "ProduceReport":
@@ -223,7 +231,8 @@ def produce(topic: str, values: Iterable[Any] | None = None, *, guarantee: str =
         topic: the topic (created with ``partitions`` if missing).
         values: the records' values: each a ``str`` or ``bytes`` as it is, anything else as JSON. Or
             ``file=`` (its lines; ``format="json"``: kdg envelopes), or ``count=`` synthetic records.
-        key: a key for every record. headers: name → value for every record.
+        key: a key for every record.
+        headers: name → value, on every record.
         ledger: keep the producer ledger in Postgres (``--no-ledger``: False), which ``audit`` reads.
         stop: a :class:`StopToken`; a stopped run returns its report with ``interrupted`` set.
 
@@ -279,14 +288,15 @@ def audit(topic: str | None = None, *, group: str | None = None, sink: str = "po
           since: datetime | None = None, until: datetime | None = None, id_from: str | None = None,
           envelope: str | None = None, value_format: str | None = None, pipeline: str | Path | None = None,
           schema_registry: str | None = None, bootstrap_servers: str | None = None, pg_dsn: str | None = None,
-          properties: Mapping[str, Any] | None = None,
+          properties: Mapping[str, Any] | Iterable[str] | None = None,
           profile: str | Path | None = None) -> "GroupAudits | PipelineAudit":
     """Count lost, duplicated, unexpected and pending records: the ledger (or the topic) against the sink.
 
     Args:
         topic: the topic a consumer read; or ``pipeline=`` a pipeline file, to audit each of its routes.
         group: only rows this group wrote (default: each group that wrote into the sink, audited apart).
-        since, until: only records from ``since`` and before ``until`` (aware datetimes; naive ones are UTC).
+        since: only records from this moment on (a datetime; a naive one is UTC).
+        until: ... and before this one.
 
     The other arguments are ``kdg audit``'s options, snake_case.
 
@@ -357,7 +367,7 @@ def spark_replay(topic: str | list[str] | None = None, *, guarantee: str = "exac
                  dedup_retention: str | None = None, beyond_dedup_window: bool = False,
                  shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, wait_timeout: float = 60.0,
                  schema_registry: str | None = None, bootstrap_servers: str | None = None,
-                 pg_dsn: str | None = None, properties: Mapping[str, Any] | None = None,
+                 pg_dsn: str | None = None, properties: Mapping[str, Any] | Iterable[str] | None = None,
                  profile: str | Path | None = None, stop: Shutdown | None = None,
                  echo: Callable[[str], None] | None = None) -> "ReplayReport":
     """Replay Kafka ranges into Postgres with Spark (``kdg spark-replay``); exactly-once adds each idempotency
@@ -398,7 +408,7 @@ def spark_stream(topic: str | list[str] | None = None, *, group: str, guarantee:
                  pg_wait: float = 120.0, dedup_retention: str | None = None,
                  shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, wait_timeout: float = 60.0,
                  schema_registry: str | None = None, bootstrap_servers: str | None = None,
-                 pg_dsn: str | None = None, properties: Mapping[str, Any] | None = None,
+                 pg_dsn: str | None = None, properties: Mapping[str, Any] | Iterable[str] | None = None,
                  profile: str | Path | None = None, stop: Shutdown | None = None,
                  on_batch: Callable[["BatchReport"], None] | None = None,
                  echo: Callable[[str], None] | None = None) -> "StreamReport":

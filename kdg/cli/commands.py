@@ -6,6 +6,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from kdg.checks import check_lifecycle as _check_lifecycle, check_min as _check_min, checked_formats as _formats
+from kdg.checks import sink_table as _sink_table
 from kdg.cli import app
 from kdg.cli.options import (Bootstrap, ChunkRows, Columns, CreateTable, DedupRetention, Envelope, Json, KeyFormat,
                              MappingFile, MetricsHost, MetricsPort, Mode, OnTombstone, PgDsn, Profile, Properties,
@@ -24,39 +26,6 @@ def _conn(bootstrap, pg_dsn, props, profile, schema_registry=None):
     return connection(bootstrap, pg_dsn, props, profile=profile, schema_registry=schema_registry)
 
 
-def _formats(value_format, key_format, typed, where: str) -> str:
-    """The value format, checked: a schema'd one needs something that reads values (a mapping, ``where``)."""
-    from kdg.schemas import check_format
-
-    value_format = check_format(value_format or (typed.value_format if typed is not None else "json"))
-    check_format(key_format or "json", "--key-format")
-    if key_format not in (None, "json") and typed is None:
-        raise UsageError(f"--key-format {key_format}: only a typed sink reads keys (key:FIELD columns)")
-    if value_format not in ("json", "raw") and typed is None and where:
-        raise UsageError(f"--value-format {value_format}: {where}")
-    return value_format
-
-
-MAX_BATCH = 1_000_000  # confluent-kafka's consume() takes at most this many messages a call
-
-
-def _sink_table(table: str | None) -> str:
-    """``--table`` as given, checked (an empty one is refused: an unset variable must not mean kdg's own
-    table), or kdg's own ``kdg_events`` when none was given."""
-    from kdg.settings import table_name
-
-    return table_name("kdg_events" if table is None else table).text
-
-
-def _check_min(*checks: tuple[str, "int | float | None", int]) -> None:
-    """Each ``(option, value, minimum)``: a value below its minimum is a usage error naming the option."""
-    for option, value, minimum in checks:
-        if value is not None and value != value:  # NaN: below nothing, above nothing
-            raise UsageError(f"{option} nan: not a number")
-        if value is not None and value < minimum:
-            raise UsageError(f"{option} {value:g}: must be at least {minimum}")
-
-
 def _progress(label: str, total: int | None, enabled: bool):
     """A rich progress bar on stderr, or a no-op for --json and pipes."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -67,15 +36,6 @@ def _progress(label: str, total: int | None, enabled: bool):
                    transient=True)
     task = bar.add_task(label, total=total)
     return bar, (lambda n, total=None: bar.update(task, completed=n, total=total))
-
-
-def _check_lifecycle(shutdown_timeout: float, wait_timeout: float, metrics_port: int | None) -> None:
-    _check_min(("--shutdown-timeout", shutdown_timeout, 0), ("--wait-timeout", wait_timeout, 0),
-               ("--metrics-port", metrics_port, 0))
-    if metrics_port is not None and metrics_port > 65535:
-        raise UsageError(f"--metrics-port {metrics_port}: a TCP port is at most 65535")
-    if shutdown_timeout == float("inf"):
-        raise UsageError("--shutdown-timeout inf: give a number of seconds, past which a stop is forced")
 
 
 def _notice(text: str) -> None:
@@ -304,58 +264,29 @@ def consume(
     left, and it exits 0.
     """
     from kdg.accounting import parse_dead_letter_limit
-    from kdg.consume import TOO_MANY_DEAD_LETTERS, ConsumeRequest, load_handler, run_consume
-    from kdg.flow.pipeline_file import PLACEHOLDER_TABLE, load_pipeline
+    from kdg.api import consume as consume_topics
+    from kdg.consume import TOO_MANY_DEAD_LETTERS
     from kdg.lifecycle import Shutdown
-    from kdg.mapping import build_mapping
 
     limit = parse_dead_letter_limit(max_dead_letters)
-    if fmt not in ("text", "json"):
-        raise UsageError("--format must be text or json")
-    if not group.strip():
-        raise UsageError("--group must not be empty")
     if pipeline is not None and pipeline.isdigit():  # --pipeline N was the depth before it named a file
         _notice(f"warning: --pipeline {pipeline} is now --pipeline-depth {pipeline}")
         pipeline_depth, pipeline = int(pipeline), None
-    _check_min(("-c", count, 1), ("--batch-size", batch_size, 1), ("--batch-ms", batch_ms, 1),
-               ("--idle-timeout", idle_timeout, 0), ("--max-bytes", max_bytes, 0), ("--pg-wait", pg_wait, 0),
-               ("--pipeline-depth", pipeline_depth, 0))
-    _check_lifecycle(shutdown_timeout, wait_timeout, metrics_port)
-    if batch_size > MAX_BATCH:
-        raise UsageError(f"--batch-size {batch_size}: at most {MAX_BATCH:,} (what one poll of the Kafka client returns)")
-    if pipeline_depth > 8:
-        raise UsageError(f"--pipeline-depth {pipeline_depth}: at most 8 (each is a Postgres connection; 2 already "
-                         "overlaps reading with writing)")
-    routes = load_pipeline(Path(pipeline)) if pipeline is not None else None  # refused before anything is read
-    template = table is not None and "{" in table  # a table per topic: checked as topics are routed
-    typed = build_mapping(file=mapping, columns=column, table=PLACEHOLDER_TABLE if template else table, mode=mode,
-                          on_tombstone=on_tombstone, create_table=create_table, envelope=envelope,
-                          value_format=value_format, key_format=key_format)  # a bad mapping is refused now
-    kind = sink.partition(":")[0]
-    value_format = _formats(value_format, key_format, typed, "" if kind == "stdout" or (id_from or "").startswith(
-        "json:") else f"the {kind} sink keeps each value's bytes as they are; decoding is for a typed sink "
-        "(--column or --mapping), --id-from json: or the stdout sink")
-    table = table if template else typed.table.text if typed is not None else _sink_table(table)
-    load_handler(handler)  # a handler that cannot be imported is refused before anything is read
-    if transform is not None and routes is not None:
-        raise UsageError("--transform is the command line's route's; in a pipeline file each route says "
-                         "transform = \"module:function\"")
     topics = topic or []
     shown = ",".join(topics) or topic_pattern or f"--pipeline {pipeline}"
     bar, progress = _progress(f"consuming {shown}", count, not as_json and sink != "stdout")
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
-        req = ConsumeRequest(topic=topics, topic_pattern=topic_pattern, routes=routes, group=group, guarantee=guarantee,
-                             conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry),
-                             sink=sink, table=table, mapping=typed, value_format=value_format, fmt=fmt,
-                             # binary values are fine to decode (avro …), keep (raw) or show as base64 envelopes
-                             require_utf8=value_format == "json" and not (kind == "stdout" and fmt == "json"), id_from=id_from, count=count,
-                             exit_at_end=exit_at_end, idle_timeout=idle_timeout, start=offset, batch_size=batch_size,
-                             batch_ms=batch_ms, max_bytes=max_bytes, handler=handler, transactional_id=transactional_id,
-                             progress=progress, pg_wait=pg_wait, pipeline=pipeline_depth, dedup_retention=dedup_retention,
-                             shutdown=shutdown, wait_timeout=wait_timeout, metrics_port=metrics_port,
-                             metrics_host=metrics_host, notice=_notice, max_dead_letters=max_dead_letters,
-                             transform=transform)
-        report = _run_with_bar(bar, run_consume, req)
+        report = _run_with_bar(bar, lambda _: consume_topics(
+            topics, group=group, guarantee=guarantee, topic_pattern=topic_pattern, sink=sink, table=table,
+            columns=column, mapping=mapping, mode=mode, create_table=create_table, on_tombstone=on_tombstone,
+            envelope=envelope, value_format=value_format, key_format=key_format, schema_registry=schema_registry,
+            format=fmt, id_from=id_from, count=count, until_end=exit_at_end, idle_timeout=idle_timeout,
+            offset=offset, batch_size=batch_size, batch_ms=batch_ms, max_bytes=max_bytes, handler=handler,
+            transform=transform, transactional_id=transactional_id, pg_wait=pg_wait, pipeline=pipeline,
+            pipeline_depth=pipeline_depth, dedup_retention=dedup_retention, max_dead_letters=max_dead_letters,
+            shutdown_timeout=shutdown_timeout, wait_timeout=wait_timeout, metrics_port=metrics_port,
+            metrics_host=metrics_host, bootstrap_servers=bootstrap, pg_dsn=pg_dsn, properties=props, profile=profile,
+            stop=shutdown, progress=progress, notice=_notice), None)
     if as_json:
         print_json(report)
     else:
