@@ -10,6 +10,10 @@ Rows (rows/s; medians of --repeat, measurements interleaved in rotated order):
                                           that reads every message's fields and finds its kdg-id
                                           (benchmarks/floor_loop.py); this row's ratio is of CPU-s per
                                           million records, kdg's over the floor's (lower is better)
+  consume exactly-once, 3 topics      vs the same consume of one topic: the same records split over 3 topics into
+                                          3 tables by a --table template, one transaction per batch across
+                                          them (issue 45's goal: at least 0.9x) — only if `kdg consume --help`
+                                          lists --topic-pattern
   the same, start-up excluded         each process's CPU for a 3-record topic (start-up: imports, connections,
                                           the group join) taken off before dividing by the records: the
                                           CPU per record of a pipeline that runs for long
@@ -68,6 +72,25 @@ def kdg_consume(layout, topic: str, guarantee: str, kdg_path: str, *extra) -> di
         pg_after = postgres_cpu(layout)
     finally:
         drop_sink(layout, table, group)
+    report = json.loads(out)
+    return {"rate": report["msgs_per_s"], "records": report["consumed"],
+            "pg_cpu_s": None if pg_before is None else round(pg_after - pg_before, 2), **usage.to_dict()}
+
+
+def kdg_consume_many(layout, topics: list[str], guarantee: str, kdg_path: str) -> dict:
+    """`kdg consume -e` of several topics into a table each (``--table`` a template); its rate and CPU."""
+    tag, group = fresh_table("mt").name, fresh_topic("g")
+    env = {**os.environ, "PYTHONPATH": kdg_path, "KDG_BOOTSTRAP_SERVERS": layout.bootstrap_servers,
+           "KDG_PG_DSN": layout.pg_dsn}
+    tables = [table_name(f'"{tag}_{t}"') for t in topics]
+    pg_before = postgres_cpu(layout)
+    try:
+        out, usage = run_measured([sys.executable, "-P", "-m", "kdg", "consume", *topics, "-G", group, "-g", guarantee,
+                                   "--table", f'"{tag}_{{topic}}"', "-e", "--batch-size", str(BATCH), "--json"], env)
+        time.sleep(0.5)
+        pg_after = postgres_cpu(layout)
+    finally:
+        drop_sink_tables(layout.pg_dsn, tables, ("DELETE FROM kdg_offsets WHERE consumer_group = $1", group))
     report = json.loads(out)
     return {"rate": report["msgs_per_s"], "records": report["consumed"],
             "pg_cpu_s": None if pg_before is None else round(pg_after - pg_before, 2), **usage.to_dict()}
@@ -137,7 +160,13 @@ def consume_rows(layout, measures: Measures, records: int, repeat: int, here: st
     tiny = fresh_topic("consume-startup")  # what a run costs before its first record, measured as a run of 3
     kdg_json(layout, "produce", tiny, "-g", "exactly-once", "--count", 3, "--size", 100, "--no-ledger")
     rows = [(f"raw-{i}", "bench", topic, i % 3, i, None, b"x" * 100, "{}") for i in range(min(records, COPY_ROWS_MAX))]
-    pipeline = lists_option(here, "consume", "--pipeline")
+    depth = "--pipeline-depth" if lists_option(here, "consume", "--pipeline-depth") else "--pipeline"
+    pipeline = lists_option(here, "consume", depth)
+    many = lists_option(here, "consume", "--topic-pattern")
+    split = [fresh_topic(f"consume-{i}") for i in range(3)] if many else []
+    for part in split:  # the same records over three topics
+        kdg_json(layout, "produce", part, "-g", "exactly-once", "--count", records // 3, "--size", 100,
+                 "--txn-size", 100_000, "--no-ledger")
     print(f"consume: {records} records of 100 B, --batch-size {BATCH}; `kdg consume --pipeline` "
           + ("found: --pipeline 0 measured too" if pipeline else "not found: no --pipeline row"))
     runs = {
@@ -148,7 +177,9 @@ def consume_rows(layout, measures: Measures, records: int, repeat: int, here: st
         "consume EOS start-up": lambda: kdg_consume(layout, tiny, "exactly-once", here),
         "floor start-up": lambda: floor_loop(layout, tiny, 3, here)}
     if pipeline:
-        runs["consume EOS pipeline 0"] = lambda: kdg_consume(layout, topic, "exactly-once", here, "--pipeline", 0)
+        runs["consume EOS pipeline 0"] = lambda: kdg_consume(layout, topic, "exactly-once", here, depth, 0)
+    if many:
+        runs["consume EOS 3 topics"] = lambda: kdg_consume_many(layout, split, "exactly-once", here)
     if baseline:
         runs["consume EOS" + BASELINE] = lambda: kdg_consume(layout, topic, "exactly-once", baseline)
         runs["consume ALO" + BASELINE] = lambda: kdg_consume(layout, topic, "at-least-once", baseline)
@@ -160,6 +191,8 @@ def consume_rows(layout, measures: Measures, records: int, repeat: int, here: st
     finally:
         drop_topic(layout, topic)
         drop_topic(layout, tiny)
+        for part in split:
+            drop_topic(layout, part)
     out = [row(measures, "consume exactly-once → Postgres (rows/s)", "consume EOS", "asyncpg COPY",
                "one asyncpg COPY"),
            row(measures, "consume at-least-once → Postgres (rows/s)", "consume ALO", "asyncpg COPY",
@@ -167,6 +200,9 @@ def consume_rows(layout, measures: Measures, records: int, repeat: int, here: st
     if pipeline:
         out.append(row(measures, "consume exactly-once → Postgres, --pipeline 0 (rows/s)", "consume EOS pipeline 0",
                        "consume EOS", "kdg default pipelining"))
+    if many:
+        out.append(row(measures, "consume exactly-once → Postgres, 3 topics into 3 tables (rows/s)",
+                       "consume EOS 3 topics", "consume EOS", "one topic into one table"))
     out.append(cpu_row(measures, "consume exactly-once → Postgres: CPU per record over the floor's (CPU-s/M ratio, "
                        "lower is better)", "consume EOS", "floor", "bare confluent-kafka loop"))
     out.append(startup_excluded_row(measures, "consume exactly-once → Postgres: CPU per record over the floor's, "

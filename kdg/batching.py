@@ -2,7 +2,7 @@
 
 `kdg consume`'s general sort (:func:`kdg.flow.source.sort_batch`) makes one :class:`~kdg.records.Record` per message and
 reads each one in Python: 5-10 µs a record, against about 2 µs for confluent-kafka to hand the message over.
-Most batches are alike, though: one topic, every record with the same header names (a producer's own, kdg's
+Most batches are alike, though: every record with the same header names (a producer's own, kdg's
 ``kdg-id`` and ``kdg-seq``), plain UTF-8 values of a sane size. :func:`sort_rows` checks that a batch is one of
 those with a few passes over whole columns, done in C (``map`` over confluent-kafka's methods, ``bytes.join``,
 slicing), and then builds the batch's :class:`~kdg.store.rows.SinkRows` the same way. A batch that is not
@@ -11,7 +11,7 @@ needs JSON escapes) returns None, and the general sort takes it, dead letters an
 same rows, which ``tests/test_hot_paths.py`` checks on every kind of batch.
 """
 
-from itertools import chain, repeat
+from itertools import chain
 from json.encoder import encode_basestring_ascii as _esc
 from operator import itemgetter
 
@@ -61,10 +61,7 @@ def sort_rows(msgs: list, max_bytes: int, require_utf8: bool, must_have_key: boo
     n = len(msgs)
     if not n:
         return None
-    topics = set(map(Message.topic, msgs))
-    if len(topics) != 1:
-        return None
-    topic = topics.pop()
+    topics = list(map(Message.topic, msgs))  # one poll may hold several topics' (a pipeline's)
     values = list(map(Message.value, msgs))
     present = list(filter(None, values))  # None and b"" need no checks
     if present:
@@ -110,11 +107,12 @@ def sort_rows(msgs: list, max_bytes: int, require_utf8: bool, must_have_key: boo
     partitions = list(map(Message.partition, msgs))
     offsets = list(map(Message.offset, msgs))
     if ids is None:
-        ids = list(map("{}/{}/{}".format, repeat(topic, n), partitions, offsets))
-    batch = Batch(rows=SinkRows([ids, [topic] * n, partitions, offsets, list(map(Message.key, msgs)), values, jsons]))
+        ids = list(map("{}/{}/{}".format, topics, partitions, offsets))
+    batch = Batch(rows=SinkRows([ids, topics, partitions, offsets, list(map(Message.key, msgs)), values, jsons]))
     # librdkafka hands a partition's messages over in order: its last offset here is its highest
-    batch.next_offsets = {(topic, p): o + 1 for p, o in dict(zip(partitions, offsets)).items()}
-    firsts = dict(zip(reversed(partitions), range(n - 1, -1, -1)))
-    batch.first_offsets = {(topic, p): offsets[i] for p, i in firsts.items()}
-    batch.first_timestamps = {(topic, p): msgs[i].timestamp()[1] for p, i in firsts.items()}
+    tps = list(zip(topics, partitions))
+    batch.next_offsets = {tp: o + 1 for tp, o in dict(zip(tps, offsets)).items()}
+    firsts = dict(zip(reversed(tps), range(n - 1, -1, -1)))
+    batch.first_offsets = {tp: offsets[i] for tp, i in firsts.items()}
+    batch.first_timestamps = {tp: msgs[i].timestamp()[1] for tp, i in firsts.items()}
     return batch

@@ -9,6 +9,7 @@ transaction (:mod:`kdg.store.unit`).
 """
 
 import time
+from operator import itemgetter
 from dataclasses import dataclass, field, replace
 
 from kdg import faults
@@ -351,8 +352,7 @@ class PostgresSink(Sink):
         for i, topic in enumerate(topics):
             w = writers[topic]
             picks.setdefault(w.table.text, (w, []))[1].append(i)
-        return [(Part(w.table, SinkRows([[col[i] for i in idx] for col in rows.columns])), [])
-                for w, idx in picks.values()]
+        return [(Part(w.table, SinkRows(_take(rows.columns, idx))), []) for w, idx in picks.values()]
 
     def lost_connection(self) -> bool:
         """Whether a failed write means Postgres went away (wait for it) rather than refused something."""
@@ -375,6 +375,14 @@ class PostgresSink(Sink):
                 self.pipeline.close()
         finally:
             self.store.close()
+
+
+def _take(columns: list[list], idx: list[int]) -> list[list]:
+    """The rows ``idx`` of each column (picked in C: a table's share of a batch of several topics)."""
+    if len(idx) == 1:
+        return [[col[idx[0]]] for col in columns]
+    pick = itemgetter(*idx)
+    return [list(pick(col)) for col in columns]
 
 
 def _result(done: list, dead: list, unrouted: int) -> WriteResult:
