@@ -117,30 +117,3 @@ def test_todays_kdg_consume_replicates_each_topic_into_its_table(kdg_spawn, conn
             assert (report["consumed"], report["dead_lettered"]) == (sent[topic_of(prefix, table)], 0), report
             rows = {r["id"]: dict(r) for r in store.fetch(f'SELECT * FROM "{prefix}_{table}"')}
             assert rows == expected[table], table
-
-
-def test_one_pipeline_of_one_route_replicates_every_topic_into_its_table(kdg, conn, group, tmp_path):
-    """The same stream read as issue 45 reads it: one `kdg consume --pipeline` of one route, a pattern and a
-    {source.table} template, columns from the events' own schema, exactly-once: each table equals the final
-    state (NULLs, negative decimals and microsecond timestamps included)."""
-    prefix = f"cdc{uuid.uuid4().hex[:6]}"
-    events = generate(seed=12)
-    sent = produce(conn.bootstrap_servers, prefix, events)
-    pipeline = tmp_path / "replica.toml"
-    pipeline.write_text(f"""[[route]]
-name = "replica"
-topic_pattern = '{prefix}\\.public\\..*'
-table = "{prefix}_{{source.table}}"
-envelope = "debezium"
-columns = "from-schema"
-create_table = true
-id_from = "offset"
-""")
-    report = as_json(kdg("consume", "--pipeline", pipeline, "-G", group, "-g", "exactly-once", "-o", "beginning",
-                         "-e", "--json"))
-    assert (report["consumed"], report["dead_lettered"]) == (sum(sent.values()), 0), report
-    expected = final_state(events)
-    with Store(conn.pg_dsn) as store:
-        for table in TABLES:
-            rows = {r["id"]: dict(r) for r in store.fetch(f'SELECT * FROM "{prefix}_{table}"')}
-            assert rows == expected[table], table
