@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from kdg.audit import GroupAudits
     from kdg.consume import ConsumeReport, ConsumeRequest
     from kdg.flow.audit import PipelineAudit
-    from kdg.produce import ProduceReport
+    from kdg.produce import ProduceReport, ProduceRequest
     from kdg.replay import ReplayReport
     from kdg.settings import Connection
     from kdg.spark.stream import BatchReport, StreamReport
@@ -215,25 +215,30 @@ def _consume_request(*, topic, group, guarantee, topic_pattern, sink, table, col
 
 def produce(topic: str, values: Iterable[Any] | None = None, *, guarantee: str = "at-least-once",
             file: str | Path | None = None, format: str = "text", count: int | None = None, size: int = 100,
-            rate: float | None = None, key: str | None = None, headers: Mapping[str, str] | None = None,
-            partition: int | None = None, id_template: str | None = None, txn_size: int = 10_000,
-            txn_interval_ms: int = 100, transactional_id: str | None = None, ledger: bool = True,
-            ledger_retention: str | None = None, partitions: int = 3,
-            shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, wait_timeout: float = 60.0,
-            metrics_port: int | None = None, metrics_host: str = "0.0.0.0", bootstrap_servers: str | None = None,
-            pg_dsn: str | None = None, properties: Mapping[str, Any] | Iterable[str] | None = None,
-            profile: str | Path | None = None, stop: Shutdown | None = None,
-            progress: Callable[[int], None] | None = None,
+            rate: float | None = None, key: str | None = None, key_delimiter: str | None = None,
+            headers: Mapping[str, str] | Iterable[str] | None = None, partition: int | None = None,
+            id_template: str | None = None, txn_size: int = 10_000, txn_interval_ms: int = 100,
+            transactional_id: str | None = None, ledger: bool = True, ledger_retention: str | None = None,
+            partitions: int = 3, value_format: str | None = None, schema: str | Path | None = None,
+            schema_registry: str | None = None, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+            wait_timeout: float = 60.0, metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
+            bootstrap_servers: str | None = None, pg_dsn: str | None = None,
+            properties: Mapping[str, Any] | Iterable[str] | None = None, profile: str | Path | None = None,
+            stop: Shutdown | None = None, progress: Callable[[int], None] | None = None,
             notice: Callable[[str], None] | None = None) -> "ProduceReport":
     """Send records under a delivery guarantee, each with an idempotency key (``kdg produce``).
 
     Args:
         topic: the topic (created with ``partitions`` if missing).
-        values: the records' values: each a ``str`` or ``bytes`` as it is, anything else as JSON. Or
-            ``file=`` (its lines; ``format="json"``: kdg envelopes), or ``count=`` synthetic records.
-        key: a key for every record.
-        headers: name → value, on every record.
-        ledger: keep the producer ledger in Postgres (``--no-ledger``: False), which ``audit`` reads.
+        values: the records' values: each a ``str`` or ``bytes`` as it is, anything else as JSON.
+        file: instead of ``values``, a file's lines (``"-"``: standard input); ``format="json"``: kdg envelopes.
+        count: instead, this many synthetic records of ``size`` bytes; ``rate``: at most this many a second
+            (a ``rate`` without a ``count``: a steady load until stopped).
+        key: a key for every record (``-k``).
+        key_delimiter: split each line of ``file`` into key and value (``-K``).
+        headers: name → value, on every record (``-H``; or ``"name=value"`` strings).
+        ledger: keep the producer ledger in Postgres, which ``audit`` reads (``--no-ledger``: False).
+        value_format: ``avro``, ``protobuf`` or ``json-schema``: each JSON line encoded with ``schema``.
         stop: a :class:`StopToken`; a stopped run returns its report with ``interrupted`` set.
 
     The other arguments are the command's options, snake_case (``--id`` is ``id_template``).
@@ -245,47 +250,121 @@ def produce(topic: str, values: Iterable[Any] | None = None, *, guarantee: str =
 
         kdg.produce("orders", [{"id": 1, "total": "9.90"}], guarantee="exactly-once", id_template="order-{seq}")
     """
-    import json
+    request = produce_request(**locals())
+    from kdg.produce import run_produce
 
+    return run_produce(request)
+
+
+def produce_request(topic: str, values: Iterable[Any] | None = None, *, guarantee: str = "at-least-once",
+                    file: str | Path | None = None, format: str = "text", count: int | None = None, size: int = 100,
+                    rate: float | None = None, key: str | None = None, key_delimiter: str | None = None,
+                    headers: Mapping[str, str] | Iterable[str] | None = None, partition: int | None = None,
+                    id_template: str | None = None, txn_size: int = 10_000, txn_interval_ms: int = 100,
+                    transactional_id: str | None = None, ledger: bool = True, ledger_retention: str | None = None,
+                    partitions: int = 3, value_format: str | None = None, schema: str | Path | None = None,
+                    schema_registry: str | None = None, shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S,
+                    wait_timeout: float = 60.0, metrics_port: int | None = None, metrics_host: str = "0.0.0.0",
+                    bootstrap_servers: str | None = None, pg_dsn: str | None = None,
+                    properties: Mapping[str, Any] | Iterable[str] | None = None, profile: str | Path | None = None,
+                    stop: Shutdown | None = None, progress: Callable[[int], None] | None = None,
+                    notice: Callable[[str], None] | None = None) -> "ProduceRequest":
+    """:func:`produce`'s arguments checked and built into a request: the file read once, a value schema registered,
+    nothing sent. The command line runs it before it takes over SIGTERM and SIGINT (until then a signal ends the
+    process at once: there is nothing to finish)."""
     from kdg import sources
-    from kdg.produce import ProduceRequest, run_produce
-    from kdg.records import Record, id_maker
+    from kdg.produce import ProduceRequest
+    from kdg.records import id_maker
+    from kdg.schemas.registry import waiting_for_registry
 
+    header_items = [f"{k}={v}" for k, v in headers.items()] if isinstance(headers, Mapping) else list(headers or [])
+    opts = sources.LineOptions(key=key, key_delimiter=key_delimiter, headers=sources.parse_headers(header_items),
+                               partition=partition)
     if format not in ("text", "json"):
         raise UsageError("--format must be text or json")
     check_min(("-p", partition, 0), ("--txn-size", txn_size, 1), ("--txn-interval-ms", txn_interval_ms, 0),
               ("--partitions", partitions, 1))
     check_lifecycle(shutdown_timeout, wait_timeout, metrics_port)
-    id_maker(id_template)
-    if sum(x is not None for x in (values, file, count)) != 1:
-        raise UsageError("give the records: values, a file or a count of synthetic ones (one of them)")
-    opts = sources.LineOptions(key=key, headers=[(k, str(v).encode()) for k, v in (headers or {}).items()],
-                               partition=partition)
-    if count is not None:
-        records, chunk = sources.synthetic(count, size, rate, opts), 1000
-    elif file is not None:
-        reader = sources.envelopes if format == "json" else sources.text_lines
-        sources.validate_file(Path(file), reader, opts)  # a bad line is reported before anything is sent
-        records, chunk = reader(Path(file), opts), 1000 if rate is None else 1
+    id_maker(id_template)  # a bad --id template is refused before the topic is created
+    if file is not None and (count is not None or rate is not None):
+        raise UsageError("--count and --rate make synthetic records; --file sends the file's lines: give one or the "
+                         "other")
+    if count is not None and format == "json":
+        raise UsageError("--format json reads envelopes from --file or stdin; --count makes synthetic records")
+    synthetic = count is not None or rate is not None and file is None
+    if (values is not None) + (file is not None) + synthetic != 1:
+        raise UsageError("give the records: values, a file (\"-\": standard input), or a count or rate of "
+                         "synthetic ones")
+    conn = connect(bootstrap_servers, pg_dsn, properties, profile, schema_registry)
+    # the schema is registered before anything is sent (a stop meanwhile ends kdg at once: nothing to finish)
+    with waiting_for_registry(wait_timeout, None, notice or log.info):
+        encode = _value_encoder(value_format, Path(schema) if schema is not None else None, topic, conn,
+                                synthetic=synthetic)
+    if synthetic:
+        records = sources.synthetic(count, size, rate, opts)
     else:
-        def encoded(v) -> bytes:
-            return v if isinstance(v, bytes) else v.encode() if isinstance(v, str) else json.dumps(v).encode()
+        reader = sources.envelopes if format == "json" else sources.text_lines
+        if values is not None:
+            reader = _values_reader(values)
+        if encode is not None:
+            from kdg.schemas.produce import encoded
 
-        records = (Record(value=encoded(v), key=key.encode() if key is not None else None,
-                          headers=list(opts.headers), partition=partition) for v in values)
-        chunk = 1
-    req = ProduceRequest(topic=topic, guarantee=guarantee, records=records,
-                         conn=connect(bootstrap_servers, pg_dsn, properties, profile), ledger=ledger,
+            plain = reader
+            # validated with the command's own options: the value to encode is what follows a -K delimiter
+            reader = lambda path, _opts: encoded(plain(path, opts), encode, value_format)  # noqa: E731
+        path = None if file is None or str(file) == "-" else Path(file)
+        if path is not None:
+            sources.validate_file(path, reader, opts)  # a bad line is reported before anything is sent
+        records = reader(path, opts)
+    # chunks never hold a record back: a synthetic load hands out only what is due at its rate
+    # (SyntheticLoad.take); standard input, and headers at a rate, go one record at a time
+    chunked = isinstance(records, sources.SyntheticLoad) or rate is None and (count is not None or path is not None or values is not None)
+    return ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=conn, ledger=ledger,
                          ledger_retention=ledger_retention, id_template=id_template, txn_size=txn_size,
                          txn_interval_ms=txn_interval_ms, transactional_id=transactional_id, partitions=partitions,
                          progress=progress, shutdown=stop if stop is not None else Shutdown(shutdown_timeout),
                          wait_timeout=wait_timeout, metrics_port=metrics_port, metrics_host=metrics_host,
-                         notice=notice or log.info, chunk=chunk)
-    return run_produce(req)
+                         notice=notice or log.info, chunk=1000 if chunked else 1)
+
+
+def _values_reader(values: Iterable[Any]):
+    """A reader (as :mod:`kdg.sources` has) of a Python caller's values: ``str``/``bytes`` as they are, else JSON."""
+    import json
+
+    from kdg.records import Record
+
+    def read(_path, opts):
+        for v in values:
+            value = v if isinstance(v, bytes) else v.encode() if isinstance(v, str) else json.dumps(v).encode()
+            yield Record(value=value, key=opts.key.encode() if opts.key is not None else None,
+                         headers=list(opts.headers), partition=opts.partition)
+
+    return read
+
+
+def _value_encoder(value_format, schema, topic: str, conn, *, synthetic: bool):
+    """`kdg produce`'s encoder for a schema'd --value-format (its schema registered), else None."""
+    from kdg.schemas import SCHEMA_FORMATS, check_format
+
+    value_format = check_format(value_format or "json")
+    if value_format not in SCHEMA_FORMATS:
+        if schema is not None:
+            raise UsageError("--schema is for --value-format avro, protobuf or json-schema")
+        if value_format == "raw":
+            raise UsageError("--value-format raw: kdg produce sends each line's bytes as they are already (json)")
+        return None
+    if schema is None:
+        raise UsageError(f"--value-format {value_format} needs --schema FILE")
+    if synthetic:
+        raise UsageError(f"--value-format {value_format}: give the values as JSON lines (--file or stdin), "
+                         "not --count or --rate")
+    from kdg.schemas.produce import encoder_for
+
+    return encoder_for(value_format, schema, topic, conn.registry)
 
 
 def audit(topic: str | None = None, *, group: str | None = None, sink: str = "postgres", table: str = "kdg_events",
-          since: datetime | None = None, until: datetime | None = None, id_from: str | None = None,
+          since: datetime | str | None = None, until: datetime | str | None = None, id_from: str | None = None,
           envelope: str | None = None, value_format: str | None = None, pipeline: str | Path | None = None,
           schema_registry: str | None = None, bootstrap_servers: str | None = None, pg_dsn: str | None = None,
           properties: Mapping[str, Any] | Iterable[str] | None = None,
@@ -295,7 +374,8 @@ def audit(topic: str | None = None, *, group: str | None = None, sink: str = "po
     Args:
         topic: the topic a consumer read; or ``pipeline=`` a pipeline file, to audit each of its routes.
         group: only rows this group wrote (default: each group that wrote into the sink, audited apart).
-        since: only records from this moment on (a datetime; a naive one is UTC).
+        since: only records from this moment on: a datetime (a naive one is UTC), or as ``--since`` takes it,
+            ISO 8601 text (UTC unless it says) or Unix milliseconds.
         until: ... and before this one.
 
     The other arguments are ``kdg audit``'s options, snake_case.
@@ -318,11 +398,11 @@ def audit(topic: str | None = None, *, group: str | None = None, sink: str = "po
         raise UsageError("give the TOPIC to audit, or --pipeline FILE to audit every route of a pipeline"
                          if topic is None else "--pipeline audits the topics its routes take; give no TOPIC too")
     table_name(table)  # NAME or SCHEMA.NAME, refused before anything is read
-    since, until = _aware(since), _aware(until)
-    if since and until and since >= until:
-        raise UsageError(f"--since {since.isoformat()} is not before --until {until.isoformat()}")
+    since_at, until_at = _moment(since, "--since"), _moment(until, "--until")
+    if since_at and until_at and since_at >= until_at:
+        raise UsageError(f"--since {since} is not before --until {until}")
     conn = connect(bootstrap_servers, pg_dsn, properties, profile, schema_registry)
-    options = dict(group=group, since=since, until=until, id_from=id_from, envelope=envelope,
+    options = dict(group=group, since=since_at, until=until_at, id_from=id_from, envelope=envelope,
                    value_format=value_format)
     if pipeline is not None:
         if sink != "postgres" or table != "kdg_events":
@@ -331,10 +411,20 @@ def audit(topic: str | None = None, *, group: str | None = None, sink: str = "po
     return run_audits(topic, conn, sink=sink, table=table, **options)
 
 
-def _aware(moment: datetime | None) -> datetime | None:
+def _moment(moment: datetime | str | None, option: str) -> datetime | None:
+    """``since``/``until``: a datetime (naive: UTC), or ISO 8601 text (UTC unless it says) or Unix milliseconds,
+    as an aware datetime."""
     from datetime import timezone
 
-    return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
+    from kdg.spark.ranges import parse_timestamp
+
+    if moment is None or isinstance(moment, datetime):
+        return moment.replace(tzinfo=timezone.utc) if moment is not None and moment.tzinfo is None else moment
+    ms = parse_timestamp(moment, option)
+    try:
+        return datetime.fromtimestamp(ms / 1000, timezone.utc)
+    except (ValueError, OverflowError, OSError):
+        raise UsageError(f"{option} {moment}: outside the years 1 to 9999") from None
 
 
 def _spark_routes(pipeline, table, columns, mapping, mode, on_tombstone, create_table, envelope, value_format,

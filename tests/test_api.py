@@ -61,9 +61,9 @@ def test_a_stop_token_ends_a_consume_with_its_report_and_no_signal_handler(on_st
     before = signal.getsignal(signal.SIGTERM)
     token = StopToken()
     out: dict = {}
+    table = f"app.ev_{uuid.uuid4().hex[:8]}"
     run = threading.Thread(target=lambda: out.update(report=consume(
-        topic, group=group, guarantee="exactly-once", table=f"app.ev_{uuid.uuid4().hex[:8]}", handler=count,
-        offset="beginning", stop=token)))
+        topic, group=group, guarantee="exactly-once", table=table, handler=count, offset="beginning", stop=token)))
     run.start()
     deadline = time.monotonic() + 60
     while len(seen) < 50 and time.monotonic() < deadline:
@@ -74,6 +74,8 @@ def test_a_stop_token_ends_a_consume_with_its_report_and_no_signal_handler(on_st
     assert not run.is_alive()
     report = out["report"]
     assert (report.stopped_by, report.processed, report.written) == ("stop requested", 50, 50), report
+    audits = kdg.audit(topic, group=group, table=table)
+    assert audits.balanced and audits.reports[0].lost == 0, audits
 
 
 def test_bad_input_raises_the_error_family_not_system_exit():

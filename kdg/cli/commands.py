@@ -123,55 +123,25 @@ def produce(
     what was sent is settled in the ledger. A run with an end (--count, a file, stdin) stopped early
     exits 130 (SIGINT) or 143 (SIGTERM); an endless --rate load exits 0.
     """
-    from kdg import sources
+    from kdg.api import produce_request
     from kdg.errors import Interrupted
     from kdg.lifecycle import Shutdown
-    from kdg.produce import ProduceRequest, run_produce
-    from kdg.records import id_maker
-    from kdg.schemas.registry import waiting_for_registry
+    from kdg.produce import run_produce
 
-    opts = sources.LineOptions(key=key, key_delimiter=key_delimiter, headers=sources.parse_headers(header or []),
-                               partition=partition)
-    if fmt not in ("text", "json"):
-        raise UsageError("--format must be text or json")
-    _check_min(("-p", partition, 0), ("--txn-size", txn_size, 1), ("--txn-interval-ms", txn_interval_ms, 0),
-               ("--partitions", partitions, 1))
-    _check_lifecycle(shutdown_timeout, wait_timeout, metrics_port)
-    id_maker(id_template)  # a bad --id template is refused before the topic is created
-    if file is not None and (count is not None or rate is not None):
-        raise UsageError("--count and --rate make synthetic records; --file sends the file's lines: give one or the "
-                         "other")
-    if count is not None and fmt == "json":
-        raise UsageError("--format json reads envelopes from --file or stdin; --count makes synthetic records")
     endless = count is None and rate is not None and file is None
-    conn = _conn(bootstrap, pg_dsn, props, profile, schema_registry)
-    # the schema is registered before anything is sent (a stop meanwhile ends kdg at once: nothing to finish)
-    with waiting_for_registry(wait_timeout, None, _notice):
-        encode = _value_encoder(value_format, schema, topic, conn, synthetic=count is not None or endless)
-    if count is not None or endless:
-        records = sources.synthetic(count, size, rate, opts)
-    else:
-        reader = sources.envelopes if fmt == "json" else sources.text_lines
-        if encode is not None:
-            from kdg.schemas.produce import encoded
-
-            plain = reader
-            # validated with the command's own options: the value to encode is what follows a -K delimiter
-            reader = lambda path, _opts: encoded(plain(path, opts), encode, value_format)  # noqa: E731
-        if file is not None:
-            sources.validate_file(file, reader, opts)  # a bad line is reported before anything is sent
-        records = reader(file, opts)
-    # chunks never hold a record back: a synthetic load hands out only what is due at its --rate
-    # (SyntheticLoad.take); standard input, and -H headers at a --rate, go one record at a time
-    chunked = isinstance(records, sources.SyntheticLoad) or rate is None and (count is not None or file is not None)
-    bar, progress = _progress(f"producing to {topic}", count, not as_json)
+    synthetic = count is not None or rate is not None
+    req = produce_request(topic, guarantee=guarantee, file=file if file is not None or synthetic else "-", format=fmt,
+                          count=count, size=size, rate=rate, key=key, key_delimiter=key_delimiter, headers=header,
+                          partition=partition, id_template=id_template, txn_size=txn_size,
+                          txn_interval_ms=txn_interval_ms, transactional_id=transactional_id, ledger=not no_ledger,
+                          ledger_retention=ledger_retention, partitions=partitions, value_format=value_format,
+                          schema=schema, schema_registry=schema_registry, shutdown_timeout=shutdown_timeout,
+                          wait_timeout=wait_timeout, metrics_port=metrics_port, metrics_host=metrics_host,
+                          bootstrap_servers=bootstrap, pg_dsn=pg_dsn, properties=props, profile=profile,
+                          notice=_notice)  # checked, the file read once, a value schema registered: nothing sent
+    bar, req.progress = _progress(f"producing to {topic}", count, not as_json)
     with Shutdown(shutdown_timeout).on_signals() as shutdown:
-        req = ProduceRequest(topic=topic, guarantee=guarantee, records=records, conn=conn, ledger=not no_ledger,
-                             ledger_retention=ledger_retention, id_template=id_template, txn_size=txn_size,
-                             txn_interval_ms=txn_interval_ms, transactional_id=transactional_id,
-                             partitions=partitions, progress=progress, shutdown=shutdown, wait_timeout=wait_timeout,
-                             metrics_port=metrics_port, metrics_host=metrics_host, notice=_notice,
-                             chunk=1000 if chunked else 1)
+        req.shutdown = shutdown
         report = _run_with_bar(bar, run_produce, req)
     if as_json:
         print_json(report)
@@ -183,27 +153,6 @@ def produce(
                           shutdown.signum)
     if report.failed:
         raise CheckFailed(f"{report.failed} record(s) were not delivered")
-
-
-def _value_encoder(value_format, schema, topic: str, conn, *, synthetic: bool):
-    """`kdg produce`'s encoder for a schema'd --value-format (its schema registered), else None."""
-    from kdg.schemas import SCHEMA_FORMATS, check_format
-
-    value_format = check_format(value_format or "json")
-    if value_format not in SCHEMA_FORMATS:
-        if schema is not None:
-            raise UsageError("--schema is for --value-format avro, protobuf or json-schema")
-        if value_format == "raw":
-            raise UsageError("--value-format raw: kdg produce sends each line's bytes as they are already (json)")
-        return None
-    if schema is None:
-        raise UsageError(f"--value-format {value_format} needs --schema FILE")
-    if synthetic:
-        raise UsageError(f"--value-format {value_format}: give the values as JSON lines (--file or stdin), "
-                         "not --count or --rate")
-    from kdg.schemas.produce import encoder_for
-
-    return encoder_for(value_format, schema, topic, conn.registry)
 
 
 @app.command()
@@ -489,21 +438,6 @@ def _show_spark_tables(tables: dict) -> None:
                       f"{entry.get('dead_lettered', 0):,} dead-lettered", markup=False, highlight=False)
 
 
-def _moment(text: str | None, option: str):
-    """``--since``/``--until``: ISO 8601 (UTC unless it says) or Unix milliseconds, as an aware datetime."""
-    from datetime import datetime, timezone
-
-    from kdg.spark.ranges import parse_timestamp
-
-    if text is None:
-        return None
-    ms = parse_timestamp(text, option)
-    try:
-        return datetime.fromtimestamp(ms / 1000, timezone.utc)
-    except (ValueError, OverflowError, OSError):
-        raise UsageError(f"{option} {text}: outside the years 1 to 9999") from None
-
-
 @app.command()
 def audit(
     topic: Annotated[Optional[str], typer.Argument(help="The topic the consumer read (recorded by kdg's producer "
@@ -547,23 +481,14 @@ def audit(
     duplicated or unexpected (in any group's audit), 2 for a topic neither in Kafka nor in the ledger,
     5 when Kafka or Postgres could not be read.
     """
-    from kdg.audit import run_audits
-    from kdg.settings import table_name
+    from kdg.api import audit as audit_topic
 
-    if (topic is None) == (pipeline is None):
-        raise UsageError("give the TOPIC to audit, or --pipeline FILE to audit every route of a pipeline"
-                         if topic is None else "--pipeline audits the topics its routes take; give no TOPIC too")
-    table_name(table)  # NAME or SCHEMA.NAME, refused before anything is read
-    since_at, until_at = _moment(since, "--since"), _moment(until, "--until")
-    if since_at and until_at and since_at >= until_at:
-        raise UsageError(f"--since {since} is not before --until {until}")
+    audits = audit_topic(topic, group=group, sink=sink, table=table, since=since, until=until, id_from=id_from,
+                         envelope=envelope, value_format=value_format, pipeline=pipeline,
+                         schema_registry=schema_registry, bootstrap_servers=bootstrap, pg_dsn=pg_dsn, properties=props,
+                         profile=profile)
     if pipeline is not None:
-        return _audit_pipeline(pipeline, _conn(bootstrap, pg_dsn, props, profile, schema_registry), sink, table,
-                               group=group, since=since_at, until=until_at, id_from=id_from, envelope=envelope,
-                               value_format=value_format, as_json=as_json)
-    audits = run_audits(topic, _conn(bootstrap, pg_dsn, props, profile, schema_registry), sink=sink, table=table,
-                        group=group, since=since_at, until=until_at, id_from=id_from, envelope=envelope,
-                        value_format=value_format)
+        return _show_pipeline_audit(audits, as_json)
     several = len(audits.reports) > 1
     if as_json:
         print_json(audits if several else audits.reports[0])  # {"groups": [...], "balanced"} only for several
@@ -578,13 +503,8 @@ def audit(
             + (f", unexpected {r.unexpected}" if r.truth == "ledger" else "") for r in unbalanced))
 
 
-def _audit_pipeline(path, conn, sink: str, table: str, *, as_json: bool, **options) -> None:
+def _show_pipeline_audit(found, as_json: bool) -> None:
     """``kdg audit --pipeline FILE``: one line per route; 7 when any route is unbalanced."""
-    from kdg.flow.audit import run_pipeline_audit
-
-    if sink != "postgres" or table != "kdg_events":
-        raise UsageError(f"--pipeline {path}: its routes name their tables; give no --sink or --table too")
-    found = run_pipeline_audit(path, conn, **options)
     if as_json:
         print_json(found)
     else:
