@@ -26,7 +26,7 @@ def test_a_pattern_reads_a_topic_created_later_and_keeps_positions_it_has(kdg, k
     kdg("produce", a, "-g", "exactly-once", "--count", 1, "--size", 3000)  # oversize: to A.dlq
 
     run = kdg_spawn("consume", "--topic-pattern", rf"{prefix}\.(.*)", "-G", group, "--table", prefix + "_{1}",
-                    "-o", "beginning", "--idle-timeout", 12, "--max-bytes", 2000, "--json")
+                    "-o", "beginning", "--idle-timeout", 25, "--max-bytes", 2000, "--json")
     try:
         time.sleep(4)  # subscribed, A's partitions assigned and read
         kdg("produce", b, "-g", "exactly-once", "--count", 200)
