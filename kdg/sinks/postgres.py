@@ -348,11 +348,14 @@ class PostgresSink(Sink):
         writers = {t: self._by_topic.get((t, None)) or self._writer(t, []) for t in set(topics)}
         if len({w.table.text for w in writers.values()}) <= 1:
             return [(Part(w.table, rows), []) for w in list(writers.values())[:1]]
-        picks: dict[str, tuple[TableWriter, list[int]]] = {}
+        at: dict[str, list[int]] = {t: [] for t in writers}  # each topic's rows (a table's name is not made per row)
         for i, topic in enumerate(topics):
+            at[topic].append(i)
+        picks: dict[str, tuple[TableWriter, list[int]]] = {}
+        for topic, idx in at.items():
             w = writers[topic]
-            picks.setdefault(w.table.text, (w, []))[1].append(i)
-        return [(Part(w.table, SinkRows(_take(rows.columns, idx))), []) for w, idx in picks.values()]
+            picks.setdefault(w.table.text, (w, []))[1].extend(idx)
+        return [(Part(w.table, SinkRows(_take(rows.columns, sorted(idx)))), []) for w, idx in picks.values()]
 
     def lost_connection(self) -> bool:
         """Whether a failed write means Postgres went away (wait for it) rather than refused something."""
