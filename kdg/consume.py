@@ -1,9 +1,7 @@
 """`kdg consume`: read a topic in a group and write a sink, committing offsets where the policy says."""
 
-import importlib
 import os
 import socket
-import sys
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Callable
@@ -118,20 +116,10 @@ class ConsumeReport:
 
 
 def load_handler(spec: "str | Callable | None"):
-    """``--handler module:function`` imported (a function given as it is, as the Python API passes one)."""
-    if not spec:
-        return None
-    if callable(spec):
-        return spec
-    module, sep, func = spec.partition(":")
-    if not sep:
-        raise UsageError(f"--handler {spec!r}: use module:function")
-    if os.getcwd() not in sys.path and "" not in sys.path:  # found from the current directory, as `python -m` finds it
-        sys.path.insert(0, os.getcwd())
-    try:
-        return getattr(importlib.import_module(module), func)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"--handler {spec!r}: {exc}") from None
+    """``--handler module:function`` imported, found as ``--transform``'s are (a function given as it is)."""
+    from kdg.flow.transform import load_function
+
+    return load_function(spec or None, "--handler")
 
 
 def _make_sink(req: ConsumeRequest, policy, router: Router, dlq: DeadLetterQueue, consumer: KdgConsumer,

@@ -37,12 +37,6 @@ class Batch:
         """Records to write (not dead letters)."""
         return len(self.records) + (len(self.rows) if self.rows is not None else 0)
 
-    def partitions(self) -> list[int]:
-        """The partition of each record to write."""
-        if self.rows is not None:
-            return self.rows.partitions + [rec.partition for rec, _ in self.records]
-        return [rec.partition for rec, _ in self.records]
-
     def topic_partitions(self) -> list[tuple[str, int]]:
         """The (topic, partition) of each record to write."""
         found = list(zip(self.rows.columns[1], self.rows.columns[2])) if self.rows is not None else []

@@ -2,8 +2,9 @@
 whose claim is new reach the sink.
 
 The claim itself (:data:`CLAIM`, :func:`copy_claims`) is shared with the typed sink
-(:mod:`kdg.store.typed`); :class:`ClaimsMixin` is the generic sink's exactly-once path, mixed
-into :class:`kdg.store.pg.Store`.
+(:mod:`kdg.store.typed`); :class:`ClaimsMixin` claims and inserts the generic table's rows, inside the
+transaction :mod:`kdg.store.unit` opens for a batch (or its own, for Spark), mixed into
+:class:`kdg.store.pg.Store`.
 """
 
 from collections.abc import Iterator
@@ -13,7 +14,6 @@ from itertools import repeat
 import asyncpg
 
 from kdg.settings import TableName, table_name
-from kdg.store.handler import call_handler
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, SinkRows
 from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizon, keys_ms, now_ms
 
@@ -104,47 +104,9 @@ async def copy_claims(conn: asyncpg.Connection, claims: Claims, keyed) -> bool:
 class ClaimsMixin:
     """The generic sink's exactly-once writes: owns claiming keys and inserting the newly claimed rows.
 
-    Touches ``kdg_dedup`` (the claims), the temp ``kdg_stage`` table (the fallback path), the sink
-    table named by the caller, and — through :class:`~kdg.store.offsets.OffsetsMixin`'s
-    ``_move_offsets`` — ``kdg_offsets``, all in the one transaction of the batch.
+    Touches ``kdg_dedup`` (the claims), the temp ``kdg_stage`` table (the fallback path) and the sink
+    table named by the caller; the batch's offsets are :mod:`kdg.store.unit`'s to move.
     """
-
-    def write_exactly_once(self, table: str | TableName, group: str, rows, next_offsets: dict[int, int],
-                           topic: str, fences: dict[int, int], handler=None, before_commit=None, *,
-                           expected: dict[int, int | None] | None = None, turn=None) -> int:
-        """One transaction: claim keys, insert newly claimed rows, move fenced offsets. Returns rows inserted.
-
-        ``rows``: a :class:`~kdg.store.rows.SinkRows`, or tuples in ``SINK_COLUMNS`` order.
-
-        ``expected`` (pipelined writes) also requires each partition's stored offset to be what the
-        batch before this one left (partitions missing from it are not checked), so a batch whose predecessor rolled back rolls back too. ``turn``
-        (a :class:`kdg.sinks.pipeline.Turn`) orders the claims and the offset update after the
-        predecessor's, on another connection; see :mod:`kdg.sinks.pipeline`.
-        """
-        return self._run(self._write_exactly_once(table, group, rows, next_offsets, topic, fences,
-                                                  handler, before_commit, expected, turn))
-
-    async def _write_exactly_once(self, table, group, rows, next_offsets, topic, fences, handler, before_commit,
-                                  expected=None, turn=None):
-        async with self.conn.transaction():
-            if turn is not None:
-                turn.wait_claims()
-            written = set() if handler is not None else None
-            inserted = await self._claim_and_insert(table, group, rows, claimed=turn.claimed if turn else None,
-                                                    written=written)
-            if turn is not None:  # the user's SQL runs after the batch before ended, as without a pipeline
-                turn.wait_update() if handler is None else turn.wait_ended()
-            if handler is not None:
-                listed = SinkRows.of(rows).as_list()
-                if inserted < len(listed):  # the handler sees the rows this transaction writes, never a duplicate
-                    listed = [r for r in listed if (r[0], r[2], r[3]) in written]
-                await call_handler(handler, listed, self.conn)
-            await self._move_offsets(group, topic, next_offsets, fences, expected)
-            if turn is not None:
-                turn.updated()  # (a failure ends the turn too: the pipeline's job always ends it)
-            if before_commit is not None:
-                before_commit()
-        return inserted
 
     def write_claimed(self, table: str | TableName, group: str, rows: list[tuple]) -> int:
         """One transaction: claim keys, insert newly claimed rows (no offsets). Returns rows inserted."""
