@@ -6,8 +6,8 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field, replace
 
 from kdg.audit_groups import load_positions, standings
-from kdg.audit_topic import LEDGER, SOURCE_HEADER, TOPIC, TOPIC_JOIN, TOPIC_NOTE, has_ledger, iter_topic, \
-    key_resolver, load_topic, output_key_picker, require_topic
+from kdg.audit_topic import FILTERED, LEDGER, PER_RECORD, SOURCE_HEADER, TOPIC, TOPIC_JOIN, TOPIC_NOTE, has_ledger, \
+    iter_topic, key_resolver, load_topic, output_key_picker, require_topic
 from kdg.errors import UsageError
 from kdg.records import GROUP_HEADER, ID_HEADER
 from kdg.settings import Connection, table_name
@@ -34,6 +34,8 @@ class AuditReport:
                                 # records in an output topic; duplicates included
     claims: int | None = None   # exactly-once claims (kdg_dedup) of this table and topic; None: not a table
     dead_lettered: int = 0      # distinct keys in the dead-letter topic
+    filtered: int = 0           # keys not in the sink that its table's transform filtered out (exactly-once claims
+                                # them as filtered): read on purpose, not lost
     lost: int = 0               # acked, neither in the sink nor dead-lettered, and the group's position passed it
     pending: int = 0            # acked, not in the sink yet, at or after the group's position: not read yet
     written_by_other_groups: int = 0  # acked, passed, not written by this group but by another into the same
@@ -94,7 +96,7 @@ class GroupAudits:
 # UUIDv7's) is below the horizon, or it was read from before the ledger's first kept offset.
 # ``beyond``: a key written more than once whose time is below that horizon: a duplicate exactly-once
 # could no longer recognise (its first claim had expired), counted apart from the duplicates.
-_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq, passed, p, outside, beyond, elsewhere)
+_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq, passed, p, outside, beyond, elsewhere, filtered)
 WITH led AS (SELECT l.idempotency_key, bool_or(l.status <> 'failed') AS ok, min(l."partition") AS p,
                     bool_or(l.status <> 'failed' AND CASE WHEN NOT $2 THEN true
                                                           WHEN pos.next_offset IS NULL THEN false
@@ -105,11 +107,12 @@ WITH led AS (SELECT l.idempotency_key, bool_or(l.status <> 'failed') AS ok, min(
                     min(extract(epoch FROM l.recorded_at) * 1000)::bigint AS t
              FROM kdg_ledger_keys l LEFT JOIN kdg_audit_pos pos ON pos."partition" = l."partition"
              WHERE l.topic = $1 GROUP BY l.idempotency_key),
-     got AS ({got}),
+     {per_record},
      arg AS (SELECT $7::text AS sink_arg),  -- typed here, so a got query may use $7 or not
      kept AS (SELECT "partition", min("offset") AS first FROM kdg_ledger
               WHERE $5::bigint IS NOT NULL AND topic = $1 AND "offset" IS NOT NULL GROUP BY "partition"),
      dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dl),
+     {filtered},
      elsewhere AS ({elsewhere})
 SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false), coalesce(led.passed, true), led.p,
        CASE WHEN led.idempotency_key IS NOT NULL
@@ -119,9 +122,10 @@ SELECT idempotency_key, led.ok, got.n, coalesce(dead.present, false), coalesce(l
                  OR coalesce(to_timestamp(kdg_key_ms(idempotency_key) / 1000.0) < $3, false)
                  OR coalesce(to_timestamp(kdg_key_ms(idempotency_key) / 1000.0) >= $4, false) END,
        coalesce(got.n > 1 AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6, false),
-       elsewhere.idempotency_key IS NOT NULL
+       elsewhere.idempotency_key IS NOT NULL, coalesce(filt.present, false)
 FROM led FULL JOIN got USING (idempotency_key) LEFT JOIN dead USING (idempotency_key)
-     LEFT JOIN elsewhere USING (idempotency_key) LEFT JOIN kept ON kept."partition" = got.gp"""
+     LEFT JOIN elsewhere USING (idempotency_key) LEFT JOIN kept ON kept."partition" = got.gp
+     LEFT JOIN filt USING (idempotency_key)""".replace("{per_record}", PER_RECORD).replace("{filtered}", FILTERED)
 # ``elsewhere``: keys another group wrote into the same kdg-shaped table. Exactly-once groups share a table's
 # claims, so a group skips (as duplicates) what another wrote first: such a key, passed and not written by
 # the audited group, is counted apart, not lost (a group renamed, or two feeding one table)
@@ -137,14 +141,14 @@ _GOT_TOPIC = """SELECT idempotency_key, count(*) AS n, NULL::int AS gp, NULL::bi
                 WHERE $7::text IS NULL OR consumer_group IS NULL OR consumer_group = $7 GROUP BY idempotency_key"""
 # a user's table (a typed sink): exactly-once claims, else the table's own idempotency_key column
 _GOT_CLAIMS = """SELECT idempotency_key, count(*) AS n, min("partition") AS gp, min("offset") AS go FROM kdg_dedup
-                 WHERE sink_table = $7 AND topic = $1 GROUP BY idempotency_key"""
+                 WHERE sink_table = $7 AND topic = $1 AND filtered IS NOT TRUE GROUP BY idempotency_key"""
 _GOT_KEYED = """SELECT idempotency_key::text, count(*) AS n, NULL::int AS gp, NULL::bigint AS go FROM {table}
                 WHERE {where} GROUP BY idempotency_key"""
 # both: the column holds every inserted row for good, the claims (while kept) the versions an upsert replaced
 _GOT_KEYED_CLAIMS = _GOT_KEYED + """
                 UNION ALL
                 SELECT d.idempotency_key, 1, min(d."partition"), min(d."offset") FROM kdg_dedup d
-                WHERE d.sink_table = $7 AND d.topic = $1
+                WHERE d.sink_table = $7 AND d.topic = $1 AND d.filtered IS NOT TRUE
                   AND NOT EXISTS (SELECT 1 FROM {table} t WHERE t.idempotency_key::text = d.idempotency_key)
                 GROUP BY d.idempotency_key"""
 # a key with no claims (NULL), or a claim from the audited topic among its claims
@@ -161,9 +165,10 @@ KEYED_NOTE = ("counted from the table's idempotency_key column: an upsert keeps 
               "audit upsert tables written under exactly-once (kdg_dedup claims)")
 
 # One definition of each discrepancy, for the counts and for the example keys alike.
-_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq AND passed AND NOT outside AND NOT elsewhere",
-             "written_by_other_groups": "ok AND n IS NULL AND NOT dlq AND passed AND NOT outside AND elsewhere",
-             "pending": "ok AND n IS NULL AND NOT dlq AND NOT passed AND NOT outside",
+_EXAMPLES = {"lost": "ok AND n IS NULL AND NOT dlq AND NOT filtered AND passed AND NOT outside AND NOT elsewhere",
+             "written_by_other_groups": "ok AND n IS NULL AND NOT dlq AND NOT filtered AND passed AND NOT outside "
+                                        "AND elsewhere",
+             "pending": "ok AND n IS NULL AND NOT dlq AND NOT filtered AND NOT passed AND NOT outside",
              "duplicated": "n > 1 AND NOT outside AND NOT beyond",
              "duplicated_beyond_dedup_window": "beyond AND NOT outside",
              "unexpected": "n IS NOT NULL AND ok IS NOT TRUE AND NOT outside",
@@ -181,6 +186,7 @@ _TOTALS = f"""SELECT count(*) FILTER (WHERE ok AND NOT outside) AS acked,
                          AS duplicates_beyond_dedup_window,
                      count(*) FILTER (WHERE {_EXAMPLES["unexpected"]}) AS unexpected,
                      count(*) FILTER (WHERE outside) AS outside_window,
+                     count(*) FILTER (WHERE ok AND n IS NULL AND NOT dlq AND filtered AND NOT outside) AS filtered,
                      (SELECT count(DISTINCT coalesce(idempotency_key, 'at ' || source)) FROM kdg_audit_dl)
                          AS dead_lettered
               FROM kdg_audit"""
@@ -210,6 +216,13 @@ def _load_dead_letters(store, conn: Connection, topic: str) -> None:
         store.copy_rows("kdg_audit_dead", [(key, reason_class(reason, state), group, source)
                                            for key, reason, state, group, source in found],
                         ("idempotency_key", "reason", "consumer_group", "source"))
+
+
+def _load_filtered(store, table, topic: str) -> None:
+    """The keys of ``topic``'s records that ``table``'s transform filtered out (claimed as filtered,
+    :mod:`kdg.store.filtered`) into temp table ``kdg_audit_filtered``; none for an output topic (``table`` None)."""
+    store.execute("CREATE TEMP TABLE kdg_audit_filtered AS SELECT DISTINCT idempotency_key FROM kdg_dedup "
+                  "WHERE sink_table = $1 AND topic = $2 AND filtered", table.text if table is not None else None, topic)
 
 
 def iter_topic_headers(bootstrap: str, topic: str, extra: dict, names: tuple[str, ...]) -> Iterator[list[tuple]]:
@@ -283,6 +296,7 @@ def run_audits(topic: str, conn: Connection, *, sink: str = "postgres", table: s
             got, sink_arg, kdg_shaped = _sink_keys(store, identity, topic, base)
             rows_table, shown = identity.sql if kdg_shaped else None, identity.text
             claims_horizon = _claims_horizon(store, identity)
+        _load_filtered(store, identity, topic)
         if base.truth == TOPIC:
             base.note = TOPIC_NOTE + (f"; {base.note}" if base.note else "")
             join = TOPIC_JOIN.replace("{tombs}", "false" if rows_table is not None or kind == "kafka" else "true")
@@ -320,8 +334,8 @@ def _count_table(store, report: AuditReport, table, topic: str, kdg_shaped: bool
         report.rows = store.fetchval(f"SELECT count(*) FROM {table.sql} WHERE {theirs}", topic, table.text)
     else:
         report.rows = store.fetchval(f"SELECT count(*) FROM {table.sql}")
-    report.claims = store.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = $1 AND topic = $2",
-                                   table.text, topic)
+    report.claims = store.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = $1 AND topic = $2 "
+                                   "AND filtered IS NOT TRUE", table.text, topic)
 
 
 def _count(store, report: AuditReport, group: str | None, join: str, *args) -> None:
@@ -334,7 +348,8 @@ def _count(store, report: AuditReport, group: str | None, join: str, *args) -> N
                   "WHERE $1::text IS NULL OR consumer_group IS NULL OR consumer_group = $1", group)
     store.execute("DROP TABLE IF EXISTS kdg_audit")
     store.execute("CREATE TEMP TABLE kdg_audit (k text, ok boolean, n bigint, dlq boolean, passed boolean, p int, "
-                  "outside boolean NOT NULL, beyond boolean NOT NULL, elsewhere boolean NOT NULL)")
+                  "outside boolean NOT NULL, beyond boolean NOT NULL, elsewhere boolean NOT NULL, "
+                  "filtered boolean NOT NULL)")
     store.execute(join, *args)
     for name, value in store.fetch(_TOTALS)[0].items():
         setattr(report, name, value)

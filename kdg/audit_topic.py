@@ -24,6 +24,20 @@ SOURCE_HEADER = "kdg-source"  # a dead letter's TOPIC/PARTITION/OFFSET (kdg.sink
 # Which truth an audit used: the producer ledger kdg wrote, or the topic read back.
 LEDGER, TOPIC = "ledger", "topic"
 
+# The sink's keys per source record, for both joins: a transform's explode wrote the i-th row of record KEY
+# as KEY#i (kdg.flow.transform), so a sink key ending in #i that is not itself a key of the truth (``led``)
+# counts for KEY, and a record's rows count once: ``n`` is 1 plus the rows beyond the first of each KEY#i.
+PER_RECORD = """rows_of AS ({got}),
+     named AS (SELECT CASE WHEN r.idempotency_key ~ '#[0-9]+$' AND NOT EXISTS (
+                               SELECT 1 FROM led WHERE led.idempotency_key = r.idempotency_key)
+                          THEN regexp_replace(r.idempotency_key, '#[0-9]+$', '') ELSE r.idempotency_key END
+                          AS idempotency_key, r.n, r.gp, r.go
+               FROM rows_of r),
+     got AS (SELECT idempotency_key, (sum(n) - count(*) + 1)::bigint AS n, min(gp) AS gp, min(go) AS go
+             FROM named GROUP BY idempotency_key)"""
+# Keys a transform filtered out of the sink's table (claimed as filtered: kdg.store.filtered), for both joins
+FILTERED = "filt AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_filtered)"
+
 # Each record read: its key (``keyed`` false: unreadable, named by where it was read), where it was read,
 # its time and whether it is a tombstone.
 _SOURCE_TABLE = ("CREATE TEMP TABLE kdg_audit_src (k text NOT NULL, p int NOT NULL, o bigint NOT NULL, ts bigint, "
@@ -36,7 +50,7 @@ _SOURCE_COLUMNS = ("k", "p", "o", "ts", "keyed", "tomb")
 # key could not be read has none), or ({tombs}) in a typed table, a tombstone deleted or left it out;
 # ``outside`` as in the ledger's join, with the record's own time for a key's time. Only the topic's keys
 # are joined (a LEFT JOIN): no key is unexpected. $5 is unused here.
-TOPIC_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq, passed, p, outside, beyond, elsewhere)
+TOPIC_JOIN = """INSERT INTO kdg_audit (k, ok, n, dlq, passed, p, outside, beyond, elsewhere, filtered)
 WITH dead_at AS (SELECT DISTINCT source FROM kdg_audit_dl WHERE source IS NOT NULL),
      src AS (SELECT s.k, s.p, s.ts, coalesce(NOT $2 OR s.o < pos.next_offset, false) AS passed,
                     dead_at.source IS NOT NULL OR (s.tomb AND {tombs}) AS accounted
@@ -47,16 +61,18 @@ WITH dead_at AS (SELECT DISTINCT source FROM kdg_audit_dl WHERE source IS NOT NU
                             AND ($4::timestamptz IS NULL OR ts < extract(epoch FROM $4::timestamptz) * 1000)) AS inside,
                     max(ts) AS t
              FROM src GROUP BY k),
-     got AS ({got}),
+     {per_record},
      arg AS (SELECT $5::bigint AS ledger_horizon, $7::text AS sink_arg),  -- typed here, used or not
      dead AS (SELECT DISTINCT idempotency_key, true AS present FROM kdg_audit_dl),
+     {filtered},
      elsewhere AS ({elsewhere})
 SELECT idempotency_key, true, got.n, led.accounted OR coalesce(dead.present, false), led.passed, led.p,
        NOT led.inside OR coalesce($8 AND got.n IS NULL AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6, false),
        coalesce(got.n > 1 AND coalesce(kdg_key_ms(idempotency_key), led.t) < $6, false),
-       elsewhere.idempotency_key IS NOT NULL
+       elsewhere.idempotency_key IS NOT NULL, coalesce(filt.present, false)
 FROM led LEFT JOIN got USING (idempotency_key) LEFT JOIN dead USING (idempotency_key)
-     LEFT JOIN elsewhere USING (idempotency_key)"""
+     LEFT JOIN elsewhere USING (idempotency_key) LEFT JOIN filt USING (idempotency_key)""".replace(
+    "{per_record}", PER_RECORD).replace("{filtered}", FILTERED)
 
 TOPIC_NOTE = ("no ledger of this topic: the topic itself is the truth, each record keyed as --id-from says; a key is "
               "lost once the group read past it with no row and no dead letter. Keys the topic no longer holds "

@@ -6,7 +6,7 @@ import signal
 import uuid
 from decimal import Decimal
 
-from conftest import as_json
+from conftest import as_json, audited
 
 from kdg.store.pg import Store
 
@@ -49,7 +49,9 @@ def _produce(kdg, topic, tmp_path, values) -> None:
 
 def test_orders_fan_out_into_two_tables_exactly_once_through_a_kill(kdg, conn, topic, group, tmp_path):
     """Test orders dropped, totals computed, items exploded into order_lines: one transaction writes both tables,
-    and a kill inside it leaves both exact after the restart; the filtered orders are counted, never lost."""
+    and a kill inside it leaves both exact after the restart; the filtered orders are counted, never lost: the
+    audit of each table counts them filtered (claimed so in the batch's transaction) and each exploded order
+    once."""
     _produce(kdg, topic, tmp_path, ORDERS)
     prefix = f"tx{uuid.uuid4().hex[:8]}"
     pipeline = tmp_path / "shop.toml"
@@ -69,6 +71,11 @@ def test_orders_fan_out_into_two_tables_exactly_once_through_a_kill(kdg, conn, t
     assert report["consumed"] + report["exploded"] == sum(report[k] for k in (
         "written", "superseded", "deleted", "filtered", "duplicates_suppressed", "dead_lettered", "probes_skipped"))
     assert report["filtered"] > 0 and report["dead_lettered"] == 0, report
+    audit = audited(kdg, "--pipeline", pipeline, "-G", group)
+    tests = len(ORDERS) - len(kept)
+    assert audit["balanced"] and len(audit["routes"]) == 2, audit  # a route per table
+    assert [(r["filtered"], r["lost"], r["duplicates"], r["unexpected"], r["audits"][0]["processed_unique"])
+            for r in audit["routes"]] == [(tests, 0, 0, 0, len(kept))] * 2, audit
 
 
 def test_a_transform_that_raises_dead_letters_its_record_and_the_rest_are_written(kdg, topic, group, tmp_path):

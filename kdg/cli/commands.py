@@ -513,7 +513,7 @@ def _show_pipeline_audit(found, as_json: bool) -> None:
             console.print(f"route {plain(route.route)}: {plain(', '.join(route.topics) or '-')} → "
                           f"{plain(', '.join(route.tables) or '-')}: lost {route.total('lost')}, duplicates "
                           f"{route.total('duplicates')}, unexpected {route.total('unexpected')}, pending "
-                          f"{route.total('pending')}, {verdict}", soft_wrap=True)
+                          f"{route.total('pending')}, filtered {route.total('filtered')}, {verdict}", soft_wrap=True)
             for note in route.notes:
                 console.print(f"  {plain(note)}", style="dim", soft_wrap=True)
     unbalanced = [r for r in found.routes if not r.balanced]

@@ -36,7 +36,7 @@ class RouteAudit:
 
     def to_dict(self) -> dict:
         return {"route": self.route, "topics": self.topics, "tables": self.tables,
-                **{n: self.total(n) for n in ("lost", "duplicates", "unexpected", "pending")},
+                **{n: self.total(n) for n in ("lost", "duplicates", "unexpected", "pending", "filtered")},
                 "balanced": self.balanced, "notes": self.notes, "audits": [r.to_dict() for r in self.reports]}
 
 

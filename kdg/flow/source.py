@@ -63,9 +63,12 @@ class Keys:
                 if outputs is None:
                     batch.records += run
                 else:
+                    made, failed = len(batch.records), len(batch.dead)
                     filtered, extra = fan_out(run, outputs, batch.records, batch.dead)
                     batch.filtered += filtered
                     batch.exploded += extra
+                    if filtered or len(outputs) > 1:  # (a fan-out's route may filter a record another writes)
+                        batch.gone += _gone(run, outputs, batch.records[made:], batch.dead[failed:])
                 run = []
             topic = now
             run.append(pair)
@@ -82,6 +85,17 @@ class Keys:
         if found is None:
             found = self._by_topic[topic] = self._for(self.router.route(topic))
         return found
+
+
+def _gone(pairs: list, outputs: list, rows: list, dead: list) -> list[tuple]:
+    """What each route's transform filtered out of one topic's ``pairs``, given the ``rows`` and ``dead``
+    letters they made: ``(topic, route, key, partition, offset)`` of each record a route's transform left without
+    a row (a fan-out's route: its name; one route: None), so that its table claims it as filtered."""
+    made = {(rec.route, rec.partition, rec.offset) for rec, _ in rows}
+    failed = {(rec.partition, rec.offset) for rec, *_ in dead}
+    return [(rec.topic, route, key, rec.partition, rec.offset) for route, transform in outputs if transform is not None
+            for rec, key in pairs
+            if (route, rec.partition, rec.offset) not in made and (rec.partition, rec.offset) not in failed]
 
 
 def _transform(req, route):

@@ -31,6 +31,8 @@ class Batch:
     #                                                   record stepped over: read, offsets moved on, nothing written
     filtered: int = 0   # records a transform left out (returned None): read, counted, nothing written
     exploded: int = 0   # rows beyond one per record that transforms made (a record that became several rows)
+    # what a route's transform filtered out, (topic, route, key, partition, offset) each: claimed as filtered
+    gone: list[tuple] = field(default_factory=list)
 
     @property
     def good(self) -> int:
@@ -58,6 +60,7 @@ class Batch:
             merged.probes += batch.probes
             merged.filtered += batch.filtered
             merged.exploded += batch.exploded
+            merged.gone += batch.gone
             for tp, offset in batch.first_offsets.items():
                 merged.first_offsets[tp] = min(offset, merged.first_offsets.get(tp, offset))
             for tp, offset in batch.next_offsets.items():

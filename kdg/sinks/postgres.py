@@ -258,6 +258,7 @@ class PostgresSink(Sink):
         if self.pipeline is None or not atomic:
             return super().submit(batch, atomic=atomic)
         parts, unrouted, unnamed = self._parts(batch)
+        filtered = self._filtered(batch)
         self.dlq.send(batch.dead + unnamed)  # durable before the rows and offsets that account for them commit
         offsets = dict(batch.next_offsets)
         fences = {tp: self.fences.get(tp, -1) for tp in offsets}
@@ -267,7 +268,7 @@ class PostgresSink(Sink):
         def write(store: Store, turn) -> WriteResult:
             done = store.write_unit([p for p, _ in parts], self.group, claim=True, offsets=offsets, fences=fences,
                                     expected=expected, handler=self.handler, before_commit=_at_commit(True),
-                                    turn=turn)
+                                    turn=turn, filtered=filtered)
             return _result(done, unnamed, unrouted)
 
         return self._finished(self.pipeline.submit(batch, write))
@@ -304,7 +305,7 @@ class PostgresSink(Sink):
         done = self.store.write_unit(
             [p for p, _ in parts], self.group, claim=atomic, offsets=offsets,
             fences={tp: self.fences.get(tp, -1) for tp in offsets or ()}, handler=self.handler,
-            dead_letter=dead_letter, before_commit=_at_commit(atomic))
+            dead_letter=dead_letter, before_commit=_at_commit(atomic), filtered=self._filtered(batch))
         return _result(done, dead, unrouted)
 
     def _parts(self, batch: Batch) -> tuple[list[tuple[Part, list]], int, list]:
@@ -342,6 +343,15 @@ class PostgresSink(Sink):
                 staged = writer.rows.staged(records, keep=self.handler is not None)  # made as the COPY reads them
                 parts.append((Part(writer.table, staged, writer.target), records))
         return parts, unrouted, unnamed
+
+    def _filtered(self, batch: Batch) -> list[tuple]:
+        """Per table, ``(table, [(key, topic, partition, offset), …])`` of what its route's transform filtered out."""
+        found: dict = {}
+        for topic, route, key, partition, offset in batch.gone:
+            writer = self._by_topic.get((topic, route)) or self._writer(topic, [], route)
+            if writer is not None:  # (a {source.*} table not named yet: nothing to claim it in)
+                found.setdefault(writer.table.text, (writer.table, []))[1].append((key, topic, partition, offset))
+        return list(found.values())
 
     def _row_parts(self, rows: SinkRows) -> list[tuple[Part, list]]:
         topics = rows.columns[1]

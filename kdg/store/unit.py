@@ -13,6 +13,7 @@ Mixed into :class:`kdg.store.pg.Store`.
 from dataclasses import dataclass, field
 
 from kdg.settings import TableName
+from kdg.store.filtered import mark_filtered
 from kdg.store.handler import call_handler
 from kdg.store.rows import GROUP_SINK_COLUMNS, SinkRows
 from kdg.store.typed import TypedResult, TypedTarget, write_batch, written_rows
@@ -76,16 +77,18 @@ class UnitMixin:
     """The consume path's one transaction per batch: owns the order "every part, then the offsets"."""
 
     def write_unit(self, parts: list[Part], group: str, *, claim: bool, offsets=None, fences=None, expected=None,
-                   handler=None, dead_letter=None, before_commit=None, turn=None) -> list[PartResult]:
+                   handler=None, dead_letter=None, before_commit=None, turn=None, filtered=None) -> list[PartResult]:
         """One transaction: each part written (claimed when ``claim``), then ``offsets`` — ``{(topic, partition):
         next}`` under ``fences`` (and ``expected``, pipelined) — moved. ``dead_letter(part, result)`` runs
         before the commit for each part with refused rows or unreadable records, so they are durable before
-        the offsets that account for them move. ``turn``: a pipelined batch's place (:mod:`kdg.sinks.pipeline`)."""
+        the offsets that account for them move. ``turn``: a pipelined batch's place (:mod:`kdg.sinks.pipeline`).
+        ``filtered``: per table, what its transform filtered out, claimed as such when ``claim``
+        (:mod:`kdg.store.filtered`)."""
         return self._run(self._write_unit(parts, group, claim, offsets, fences, expected, handler, dead_letter,
-                                          before_commit, turn))
+                                          before_commit, turn, filtered))
 
     async def _write_unit(self, parts, group, claim, offsets, fences, expected, handler, dead_letter,
-                          before_commit, turn) -> list[PartResult]:
+                          before_commit, turn, filtered=None) -> list[PartResult]:
         results = []
         async with self.conn.transaction():
             if turn is not None:
@@ -100,6 +103,8 @@ class UnitMixin:
                 handed.append(listed)
                 if dead_letter is not None:
                     dead_letter(part, result)
+            if claim and filtered:  # with the batch's other claims: a kill cannot keep one and lose the other
+                await mark_filtered(self, filtered)
             if turn is not None:
                 turn.claimed()
                 turn.wait_update() if handler is None else turn.wait_ended()

@@ -1,0 +1,36 @@
+"""Records a transform filtered out, claimed as such: read on purpose, written nowhere, never lost.
+
+A record a route's transform returned None for leaves no row in that route's table. Under exactly-once it
+is claimed all the same in the table's claim table (``kdg_dedup_<n>``), marked ``filtered`` (migration 008),
+inside the transaction that writes the batch's rows and moves its offsets (:mod:`kdg.store.unit`): a kill
+can never leave an offset moved past a filtered record without its claim. The claim lives and expires with
+the table's other claims (its window, :mod:`kdg.store.windows`), and ``kdg db forget`` drops it with them.
+``kdg audit`` counts a missing key with such a claim as ``filtered``, not lost (:mod:`kdg.audit`).
+
+A batch without a filtered record costs nothing here: no statement is sent.
+"""
+
+from kdg.settings import TableName
+from kdg.store.claims import prepare_claims
+
+# As claims.CLAIM, from arrays rather than a staged table, each claim marked filtered. $1 the sink table's
+# identity, $2 the time a key without one is claimed at, $3 the window's horizon (a key below it: no claim),
+# $4..$7 the keys, topics, partitions and offsets. A key claimed already (a row was written for it, or it
+# was filtered before) keeps its claim.
+MARK = """INSERT INTO {claims} (sink_table, idempotency_key, key_ms, topic, "partition", "offset", filtered)
+          SELECT $1, f.k, coalesce(kdg_key_ms(f.k), $2), f.topic, f.p, f.o, true
+          FROM unnest($4::text[], $5::text[], $6::int[], $7::bigint[]) AS f(k, topic, p, o)
+          WHERE ($3::bigint IS NULL OR coalesce(kdg_key_ms(f.k), $2) >= $3)
+            AND (kdg_key_ms(f.k) IS NOT NULL OR NOT EXISTS (
+                 SELECT 1 FROM {claims} d WHERE d.sink_table = $1 AND d.idempotency_key = f.k))
+          ON CONFLICT DO NOTHING"""
+
+
+async def mark_filtered(store, filtered: list[tuple[TableName, list[tuple]]]) -> None:
+    """Inside the batch's transaction: claim, marked filtered, each ``(key, topic, partition, offset)`` of each
+    table's list (``filtered``: ``(table identity, records)`` per table)."""
+    for table, keyed in filtered:
+        window = await store._claim_window(table)
+        claims = await prepare_claims(store.conn, window, [k for k, *_ in keyed])
+        columns = list(zip(*keyed))
+        await store.conn.execute(MARK.format(claims=window.sql), *claims.args, *columns)
