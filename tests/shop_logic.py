@@ -22,3 +22,9 @@ def fragile(record):
     if record.value["id"] % 100 == 42:
         raise ValueError(f"order {record.value['id']} has no customer")
     return record.value
+
+
+def choosy(record):
+    """:func:`fragile`, and test orders filtered out."""
+    order = fragile(record)
+    return None if order.get("test") else order
