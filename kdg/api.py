@@ -455,6 +455,7 @@ def spark_replay(topic: str | list[str] | None = None, *, guarantee: str = "exac
                  value_format: str | None = None, key_format: str | None = None, master: str = "local[*]",
                  id_from: str | None = None, chunk_rows: int = 20_000, spark_conf: Mapping[str, str] | None = None,
                  dedup_retention: str | None = None, beyond_dedup_window: bool = False,
+                 transform: str | Function | None = None, handler: str | Function | None = None,
                  shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, wait_timeout: float = 60.0,
                  schema_registry: str | None = None, bootstrap_servers: str | None = None,
                  pg_dsn: str | None = None, properties: Mapping[str, Any] | Iterable[str] | None = None,
@@ -467,6 +468,9 @@ def spark_replay(topic: str | list[str] | None = None, *, guarantee: str = "exac
         topic: a topic or a list of them, each replayed from ``start`` to ``end`` (``--from``/``--to``:
             earliest, latest, stored, ``P:OFFSET,…``, ``@ISO-TIME`` or ``@MILLIS``).
         stop: a :class:`StopToken`; a stop cancels the Spark job and records the replay failed.
+        transform: as :func:`consume`'s, run on Spark's executors (``"module:function"``, importable there; or a
+            function, pickled with each task).
+        handler: as :func:`consume`'s, called in each Spark task's transaction with the rows it writes.
 
     The other arguments are the command's options, snake_case (``--conf`` is ``spark_conf``, a dict).
 
@@ -483,6 +487,7 @@ def spark_replay(topic: str | list[str] | None = None, *, guarantee: str = "exac
                         value_format=value_format, group=group, start=start, end=end, table=table, mapping=typed,
                         master=master, id_from=id_from, chunk_rows=chunk_rows, dedup_retention=dedup_retention,
                         beyond_dedup_window=beyond_dedup_window, spark_conf=dict(spark_conf or {}),
+                        transform=transform, handler=handler,
                         echo=echo or log.info, shutdown=stop if stop is not None else Shutdown(shutdown_timeout),
                         wait_timeout=wait_timeout)
     return run_spark_replay(req)
@@ -496,6 +501,7 @@ def spark_stream(topic: str | list[str] | None = None, *, group: str, guarantee:
                  checkpoint: str | None = None, trigger: str = "1s", max_per_batch: int | None = None,
                  id_from: str | None = None, chunk_rows: int = 20_000, spark_conf: Mapping[str, str] | None = None,
                  pg_wait: float = 120.0, dedup_retention: str | None = None,
+                 transform: str | Function | None = None, handler: str | Function | None = None,
                  shutdown_timeout: float = DEFAULT_SHUTDOWN_TIMEOUT_S, wait_timeout: float = 60.0,
                  schema_registry: str | None = None, bootstrap_servers: str | None = None,
                  pg_dsn: str | None = None, properties: Mapping[str, Any] | Iterable[str] | None = None,
@@ -510,6 +516,8 @@ def spark_stream(topic: str | list[str] | None = None, *, group: str, guarantee:
         trigger: an interval (``"500ms"``, ``"2s"``) or ``"available-now"`` to write what is there and return.
         stop: a :class:`StopToken`; a stop lets the micro-batch in flight finish and returns the report.
         on_batch: called with each micro-batch's report.
+        transform: as :func:`consume`'s, run on Spark's executors.
+        handler: as :func:`consume`'s, called in each Spark task's transaction with the rows it writes.
 
     The other arguments are the command's options, snake_case (``--conf`` is ``spark_conf``, a dict).
 
@@ -531,5 +539,6 @@ def spark_stream(topic: str | list[str] | None = None, *, group: str, guarantee:
                         trigger=trigger, max_per_batch=max_per_batch, id_from=id_from, chunk_rows=chunk_rows,
                         spark_conf=dict(spark_conf or {}), dedup_retention=dedup_retention, pg_wait=pg_wait,
                         shutdown=stop if stop is not None else Shutdown(shutdown_timeout),
-                        wait_timeout=wait_timeout, on_batch=on_batch, echo=echo or log.info)
+                        wait_timeout=wait_timeout, on_batch=on_batch, echo=echo or log.info,
+                        transform=transform, handler=handler)
     return run_spark_stream(req)

@@ -58,6 +58,8 @@ class ReplayRequest:
     wait_timeout: float = DEFAULT_WAIT_TIMEOUT_S  # start-up: how long to wait for Kafka and Postgres to come up
     topic_pattern: str | None = None     # every topic this regular expression matches whole, now
     routes: "Router | None" = None       # --pipeline FILE's routes; None: the command line is one route
+    transform: object = None             # --transform: module:function (or a function), run on the executors
+    handler: object = None               # --handler: called in each task's transaction (kdg.spark.logic)
 
     @property
     def topics(self) -> list[str]:
@@ -79,7 +81,8 @@ class ReplayReport:
     probes_skipped: int = 0         # `kdg doctor --topic` probe records: read, never written
     superseded: int = 0             # a typed upsert: earlier versions of a key in the same chunk
     deleted: int = 0                # tombstones and change-data-capture deletes applied
-    filtered: int = 0               # left out on purpose (on_tombstone = ignore)
+    filtered: int = 0               # left out on purpose (on_tombstone = ignore, a transform's None)
+    exploded: int = 0               # rows a transform made beyond one per record (a list of dicts)
     tasks: int = 0
     recorded: str = ""              # when the range was recorded as done: before or after writing
     spark_start_s: float = 0.0      # starting the SparkSession (JVM, jars)
@@ -92,7 +95,7 @@ class ReplayReport:
 
 
 _COUNTS = ("rows_read", "rows_written", "duplicates_dropped", "dead_lettered", "probes_skipped", "superseded",
-           "deleted", "filtered")
+           "deleted", "filtered", "exploded")
 
 
 def run_spark_replay(req: ReplayRequest) -> ReplayReport:
@@ -103,7 +106,8 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
     from kdg.store.pg import Store
 
     policy = policy_for(req.guarantee)
-    router = spark_router(req.topics, req.topic_pattern, req.table, req.mapping, req.id_from, req.routes)
+    router = spark_router(req.topics, req.topic_pattern, req.table, req.mapping, req.id_from, req.routes,
+                          req.transform, req.handler)
     check_dedup_retention(req.dedup_retention, policy, "postgres")
     key = key_sql(router, policy.dedup)  # a malformed --id-from: refused first
     if not req.group.strip():
@@ -130,7 +134,8 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
         if not ranges:  # a bad range creates nothing
             raise UsageError(f"the range is empty on every partition of {', '.join(sorted(found))}: nothing to replay")
         routes = SparkRoutes(router, store, req.conn, policy, group=req.group, chunk_rows=req.chunk_rows,
-                             value_format=req.value_format, dedup_retention=req.dedup_retention, echo=req.echo)
+                             value_format=req.value_format, dedup_retention=req.dedup_retention, echo=req.echo,
+                             handler=req.handler)
         routes.check(ranges)  # every topic routed before any table is made
         for topic in ranges:  # tables checked (or created) and claim windows decided before Spark starts
             routes.prepare(topic)
@@ -271,12 +276,12 @@ def _run_job(req: ReplayRequest, master: str, policy, ranges: dict[str, Ranges],
     started = time.monotonic()
     # an exception leaves this block carrying spark_log, Spark's log file, for _explain to name
     with spark_session(master, task_retries=policy.spark_task_retries, conf=req.spark_conf,
-                       echo=req.echo) as run, _cancel_on_stop(req.shutdown, run.spark):
+                       echo=req.echo, modules=routes.modules) as run, _cancel_on_stop(req.shutdown, run.spark):
         if req.shutdown.requested:  # asked while Spark started: the job is not begun (the caller says so)
             raise Interrupted(f"{req.shutdown.signal}: stopped before the Spark job began", req.shutdown.signum)
         job_started = time.monotonic()
         frame = kafka_frame(run.spark, ranges, source_options=source_options, split=not routes.in_order)
-        rows = sink_rows(frame, key, with_timestamp=routes.router.typed)
+        rows = sink_rows(frame, key, with_timestamp=routes.whole_records)
         totals = run_write(run.spark, rows, routes.routed(), req.progress)
         totals["duration_s"] = round(time.monotonic() - job_started, 3)
         totals["spark_start_s"] = round(job_started - started, 3)
@@ -307,7 +312,8 @@ def _cancel_on_stop(shutdown: Shutdown, spark):
 
 
 _PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception)): (.*)$", re.M)
-_CAUSES = (("KeylessRecord", UsageError), ("ConnectionFailed", ConnectionFailed), ("Fenced", DeliveryError))
+_CAUSES = (("KeylessRecord", UsageError), ("HandlerNotAwaited", UsageError), ("ConnectionFailed", ConnectionFailed),
+           ("Fenced", DeliveryError))
 
 
 def _explain(exc: BaseException, policy) -> KdgError:

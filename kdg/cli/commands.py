@@ -253,6 +253,12 @@ SparkPipeline = Annotated[Optional[Path], typer.Option(
     "--pipeline", help="A pipeline file (TOML): [[route]] entries, each taking topics (names or a pattern) into a "
     "table or table template, with its mapping. See `kdg pipeline check`.")]
 
+SparkTransform = Annotated[Optional[str], typer.Option(
+    help="module:function called with each record (decoded) on Spark's executors, as in kdg consume: returns a "
+    "dict (the row), a list of dicts (one row each) or None (filtered out).")]
+SparkHandler = Annotated[Optional[str], typer.Option(
+    help="module:function called in each Spark task's Postgres transaction with the rows it writes (and the open "
+    "connection).")]
 
 @app.command("spark-replay")
 def spark_replay(
@@ -278,6 +284,7 @@ def spark_replay(
     beyond_dedup_window: Annotated[bool, typer.Option(help="Exactly-once: replay records older than the table's "
                                    "dedup window too; one of them already in the table is written again.")] = False,
     shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
+    transform: SparkTransform = None, handler: SparkHandler = None,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
@@ -316,7 +323,7 @@ def spark_replay(
                             conn=_conn(bootstrap, pg_dsn, props, profile, schema_registry), value_format=value_format,
                             group=group, start=start, end=end, table=table, mapping=typed,
                             master=master, id_from=id_from, chunk_rows=chunk_rows, dedup_retention=dedup_retention,
-                            beyond_dedup_window=beyond_dedup_window,
+                            beyond_dedup_window=beyond_dedup_window, transform=transform, handler=handler,
                             spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"),
                             on_range=show_range, progress=lambda done, total, failed: tasks_done(done, total),
                             echo=lambda text: err_console.print(text, soft_wrap=True, markup=False),
@@ -358,6 +365,7 @@ def spark_stream(
                        "stream gives up (exit 5).")] = 120.0,
     dedup_retention: DedupRetention = None,
     shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
+    transform: SparkTransform = None, handler: SparkHandler = None,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
@@ -400,6 +408,7 @@ def spark_stream(
                             spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"),
                             dedup_retention=dedup_retention, pg_wait=pg_wait, shutdown=shutdown,
                             wait_timeout=wait_timeout, on_batch=on_batch,
+                            transform=transform, handler=handler,
                             echo=lambda text: err_console.print(text, soft_wrap=True, markup=False))
         report = _run_with_bar(None, run_spark_stream, req)
     if as_json:

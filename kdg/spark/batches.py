@@ -17,7 +17,7 @@ from kdg.errors import ConnectionFailed, Fenced, UsageError
 
 # what a stream counts per table (its report's tables entries), as the executors' summaries name them
 COUNTS = ("rows_read", "rows_written", "duplicates_dropped", "dead_lettered", "probes_skipped", "superseded",
-          "deleted", "filtered")
+          "deleted", "filtered", "exploded")
 
 
 @dataclass

@@ -7,7 +7,9 @@ window, decided once per table. Executors pick their task's topic's spec from a
 :class:`~kdg.spark.writer.RoutedSpec`; Spark's Kafka source gives each task one topic-partition, so a
 task writes one table.
 
-A ``{source.table}`` template (a table read from each event) is ``kdg consume``'s only, for now.
+A route's ``transform`` and the ``--handler`` run on the executors (:mod:`kdg.spark.logic`), imported here
+first. A ``{source.table}`` template (a table read from each event) and a fan-out (``[[route.into]]``: one
+record into several tables) are ``kdg consume``'s only, for now.
 """
 
 import re
@@ -17,17 +19,25 @@ from kdg.flow.routes import Router, command_line_router
 
 
 def spark_router(topics: list[str], pattern: str | None, table: str | None, mapping, id_from: str | None,
-                 routes: Router | None = None) -> Router:
+                 routes: Router | None = None, transform=None, handler=None) -> Router:
     """The routes of a Spark command: ``--pipeline``'s, or the command line as one route (``--table`` may be a
-    template, ``mt_{topic}``); refused here: no topic at all, or a table read from each event."""
-    router = command_line_router(topics, pattern, table, mapping, id_from, routes)
+    template, ``mt_{topic}``; ``transform``: its ``--transform``); refused here: no topic at all, a fan-out, a
+    table read from each event, or a transform or ``handler`` that cannot be imported."""
+    from kdg.spark.logic import check_logic
+
+    if transform is not None and routes is not None:
+        raise UsageError("--transform is the command line's route's; in a pipeline file each route says "
+                         "transform = \"module:function\"")
+    router = command_line_router(topics, pattern, table, mapping, id_from, routes, transform)
     for route in router.routes:
-        if route.transform is not None or route.fan is not None:
-            raise UsageError(f"{route.name}: transforms and fan-outs ([[route.into]]) run in kdg consume only, for "
-                             "now; Spark would write the records as they are")
+        if route.fan is not None:
+            raise UsageError(f"{route.name}: a fan-out ([[route.into]]) writes one record into several tables, which "
+                             "kdg consume does, Spark not yet; give each table its own route and topic, or use kdg "
+                             "consume")
         if route.per_record:
             raise UsageError(f"{route.name}: table {route.table!r} is read from each event's source block, which only "
                              "kdg consume does for now; on Spark, name the table by {topic} or the pattern's groups")
+    check_logic(router, handler)  # before anything is read
     return router
 
 
@@ -72,8 +82,13 @@ class SparkRoutes:
     """Topic → its :class:`~kdg.spark.writer.WriteSpec`, made once per topic on the driver."""
 
     def __init__(self, router: Router, store, conn, policy, *, group: str, chunk_rows: int, value_format: str,
-                 dedup_retention: str | None, echo):
-        self.router, self.store, self.conn, self.policy = router, store, conn, policy
+                 dedup_retention: str | None, echo, handler=None):
+        """``handler``: the ``--handler`` (``module:function`` or a function), imported here with every route's
+        transform (:func:`kdg.spark.logic.check_logic`): one that cannot be is refused before any table is made."""
+        from kdg.spark.logic import check_logic
+
+        self.roots = check_logic(router, handler)
+        self.router, self.store, self.conn, self.policy, self.handler = router, store, conn, policy, handler
         self.group, self.chunk_rows, self.value_format = group, chunk_rows, value_format or "json"
         self.dedup_retention, self.echo = dedup_retention, echo
         self.specs: dict = {}            # topic → WriteSpec
@@ -112,7 +127,7 @@ class SparkRoutes:
             self.conn.pg_dsn, identity.text, self.group, self.policy.dedup, self.chunk_rows, typed=typed,
             id_from=target.route.id_from if kind == "json" else None,
             value_format=typed.mapping.value_format if typed is not None else self.value_format,
-            registry=self.conn.registry,
+            registry=self.conn.registry, transform=target.route.transform, handler=self.handler, roots=self.roots,
             dead_letters=DeadLetterSpec(self.policy.guarantee.value, self.conn.bootstrap_servers, topic,
                                         self.conn.extra, self.group))
         self.routes[topic] = target.route.name
@@ -124,6 +139,20 @@ class SparkRoutes:
     @property
     def typed(self) -> bool:
         return any(s.typed is not None for s in self.specs.values())
+
+    @property
+    def modules(self) -> list:
+        """The user's modules a cluster's executors need (:func:`kdg.spark.logic.module_roots`)."""
+        from kdg.spark.logic import module_roots
+
+        return module_roots(self.router, self.handler)
+
+    @property
+    def whole_records(self) -> bool:
+        """The executors rebuild each record (its timestamp, its headers' bytes): a mapping, a transform or a
+        handler reads them (:func:`kdg.spark.job.sink_rows`'s ``with_timestamp``)."""
+        return self.router.typed or self.handler is not None or any(r.transform is not None
+                                                                    for r in self.router.routes)
 
     @property
     def in_order(self) -> bool:

@@ -88,12 +88,13 @@ class SparkRun:
         self.spark, self.log = spark, log
         self._failures, self._before, self._scratch, self._shipped = failures, before, None, None
 
-    def ship_package(self) -> None:
-        """Send this kdg package to the executors (``addPyFile``); its zip is removed on ``stop()``."""
+    def ship_package(self, modules=()) -> None:
+        """Send this kdg package, and ``modules`` (the user's: a module's file or a package's folder, for its
+        transforms and handler), to the executors (``addPyFile``); the zip is removed on ``stop()``."""
         from pyspark import SparkFiles
 
         self._scratch = Path(tempfile.mkdtemp(prefix="kdg-pyfiles-"))
-        zipped = _package_zip(self._scratch)
+        zipped = _package_zip(self._scratch, modules)
         self._shipped = Path(SparkFiles.getRootDirectory()) / zipped.name  # the driver's own copy
         self.spark.sparkContext.addPyFile(str(zipped))
 
@@ -119,11 +120,11 @@ class SparkRun:
 
 def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | None = None,
                   echo: Callable[[str], None] = print, app: str = "kdg spark-replay",
-                  java_options: str | None = None) -> SparkRun:
+                  java_options: str | None = None, modules=()) -> SparkRun:
     """Start Spark for one job: ``with spark_session("local[*]", task_retries=True) as run: run.spark…``
 
     The driver JVM maps Spark's class archive when there is one (:mod:`kdg.spark.classes`); ``java_options``
-    replaces that option.
+    replaces that option. ``modules``: the user's code its executors import (shipped off the local master).
 
     The driver's UI listens on 127.0.0.1 only (Spark binds it to ``SPARK_LOCAL_IP``, else every interface),
     unless ``SPARK_LOCAL_IP`` is set or the master is YARN or Kubernetes (see :func:`_driver_addresses`)."""
@@ -164,7 +165,7 @@ def spark_session(master: str, *, task_retries: bool, conf: dict[str, str] | Non
     run = SparkRun(spark, log, _FailedTasks(log, TASK_ATTEMPTS if task_retries else 1, echo), before)
     if not _LOCAL.match(master.strip()):
         try:
-            run.ship_package()
+            run.ship_package(modules)
         except BaseException:
             run.stop()
             raise
@@ -273,13 +274,18 @@ class _ProcessState:
         sys.path[:] = [p for p in sys.path if p in self.path]
 
 
-def _package_zip(folder: Path) -> Path:
-    """This very kdg package as ``folder/kdg.zip``, so executors run the driver's code, not some other version."""
+def _package_zip(folder: Path, modules=()) -> Path:
+    """This very kdg package as ``folder/kdg.zip``, so executors run the driver's code, not some other version;
+    with ``modules`` (a module's file, or a package's folder) beside it at the zip's top."""
     target = folder / "kdg.zip"
     with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as zf:
-        for path in _PACKAGE.rglob("*"):
-            if path.is_file() and "__pycache__" not in path.parts:
-                zf.write(path, Path("kdg") / path.relative_to(_PACKAGE))
+        for top in (_PACKAGE, *map(Path, modules)):
+            if top.is_file():
+                zf.write(top, top.name)
+                continue
+            for path in top.rglob("*"):
+                if path.is_file() and "__pycache__" not in path.parts:
+                    zf.write(path, Path(top.name) / path.relative_to(top))
     return target
 
 

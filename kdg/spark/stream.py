@@ -71,6 +71,8 @@ class StreamRequest:
     echo: Callable[[str], None] = print
     topic_pattern: str | None = None  # every topic this regular expression matches whole, those created later too
     routes: "Router | None" = None    # --pipeline FILE's routes; None: the command line is one route
+    transform: object = None          # --transform: module:function (or a function), run on the executors
+    handler: object = None            # --handler: called in each task's transaction (kdg.spark.logic)
 
     @property
     def topics(self) -> list[str]:
@@ -93,7 +95,8 @@ class StreamReport:
     probes_skipped: int = 0     # `kdg doctor --topic` probe records: read, never written
     superseded: int = 0         # a typed upsert: earlier versions of a key in the same chunk
     deleted: int = 0            # tombstones and change-data-capture deletes applied
-    filtered: int = 0           # left out on purpose (on_tombstone = ignore)
+    filtered: int = 0           # left out on purpose (on_tombstone = ignore, a transform's None)
+    exploded: int = 0           # rows a transform made beyond one per record (a list of dicts)
     spark_start_s: float = 0.0
     duration_s: float = 0.0
     stopped_by: str = ""
@@ -160,7 +163,8 @@ def run_spark_stream(req: StreamRequest) -> StreamReport:
         raise UsageError("spark-stream cannot run at-most-once: Spark runs a failed micro-batch again from its "
                          "offset log, so it can promise no fewer than one delivery. Use -g at-least-once, or "
                          "exactly-once, or `kdg consume -g at-most-once`.")
-    router = spark_router(req.topics, req.topic_pattern, req.table, req.mapping, req.id_from, req.routes)
+    router = spark_router(req.topics, req.topic_pattern, req.table, req.mapping, req.id_from, req.routes,
+                          req.transform, req.handler)
     check_dedup_retention(req.dedup_retention, policy, "postgres")
     trigger = parse_trigger(req.trigger)
     key = key_sql(router, policy.dedup)
@@ -184,7 +188,8 @@ def run_spark_stream(req: StreamRequest) -> StreamReport:
         return stopped()
     with store:
         routes = SparkRoutes(router, store, req.conn, policy, group=req.group, chunk_rows=req.chunk_rows,
-                             value_format=req.value_format, dedup_retention=req.dedup_retention, echo=req.echo)
+                             value_format=req.value_format, dedup_retention=req.dedup_retention, echo=req.echo,
+                             handler=req.handler)
         report = StreamReport(policy.guarantee.value, named, req.group, "", checkpoint)
         batches = MicroBatches(req, policy, store, routes, report, topics, single=len(req.topics) == 1 and
                            req.topic_pattern is None and req.routes is None)
@@ -264,7 +269,7 @@ def _run_query(req, master, policy, source_options, starting, checkpoint, trigge
 
     started = time.monotonic()
     with spark_session(master, task_retries=policy.spark_task_retries, conf=req.spark_conf, echo=req.echo,
-                       app="kdg spark-stream") as run:
+                       app="kdg spark-stream", modules=batches.routes.modules) as run:
         run.spark.conf.set("spark.sql.streaming.stopTimeout", str(int(req.shutdown.timeout * 1000)))
         reader = (run.spark.readStream.format("kafka").options(**source_options)
                   .options(**subscription(batches.routes.router))
@@ -273,7 +278,7 @@ def _run_query(req, master, policy, source_options, starting, checkpoint, trigge
                   .option("failOnDataLoss", "true"))
         if req.max_per_batch:
             reader = reader.option("maxOffsetsPerTrigger", str(req.max_per_batch))
-        rows = sink_rows(reader.load(), key, with_timestamp=batches.routes.router.typed)
+        rows = sink_rows(reader.load(), key, with_timestamp=batches.routes.whole_records)
         query = (rows.writeStream.foreachBatch(batches).option("checkpointLocation", checkpoint)
                  .trigger(**trigger).queryName(f"kdg-{req.group}-{report.topic}"[:100]).start())
         report.spark_start_s = round(time.monotonic() - started, 3)

@@ -21,9 +21,10 @@ from kdg.records import PROBE_HEADER, Record
 from kdg.store.rows import SINK_COLUMNS
 
 # what each task counts (summed on the driver): every row read ends in one of rows_written, duplicates_dropped,
-# dead_lettered, probes_skipped, superseded, deleted or filtered (kdg.accounting)
+# dead_lettered, probes_skipped, superseded, deleted or filtered (kdg.accounting); exploded: rows a transform made
+# beyond one per record (rows_read + exploded: what those end in)
 SUMMARY_COUNTS = ("rows_read", "rows_written", "duplicates_dropped", "chunks", "dead_lettered", "probes_skipped",
-                  "superseded", "deleted", "filtered")
+                  "superseded", "deleted", "filtered", "exploded")
 # topic: the one topic this task read ("" for none); offsets: {partition: the highest offset it read}, as JSON
 SUMMARY_SCHEMA = ", ".join(f"{name} long" for name in SUMMARY_COUNTS) + ", topic string, offsets string"
 COLUMNS = SINK_COLUMNS
@@ -54,6 +55,14 @@ class WriteSpec:
     id_from: str | None = None             # a json: key, read here in Python where the kdg-id header is missing
     value_format: str = "json"             # how that json: key reads the value (a typed sink: its mapping's)
     registry: dict | None = None           # Schema Registry settings, for schema'd formats (never in Spark's conf)
+    transform: object = None               # the route's --transform: module:function (or a function)
+    handler: object = None                 # --handler: module:function (or a function), in each chunk's transaction
+    roots: tuple[str, ...] = ()            # where the driver found their modules (kdg.spark.logic)
+
+    @property
+    def has_logic(self) -> bool:
+        """A transform or a handler: the task's records go through :mod:`kdg.spark.logic`."""
+        return self.transform is not None or self.handler is not None
 
 
 @dataclass(frozen=True)
@@ -126,8 +135,11 @@ def _write(batches: Iterator, spec: WriteSpec, topic: str) -> Iterator:
         ctx.getLocalProperty("streaming.sql.batchId") in (None, "0")
     high: dict[int, int] = {}
     batches = _noting_offsets(batches, high)
-    if spec.typed is not None:
-        yield pa.RecordBatch.from_pylist([{**_write_typed(batches, spec, fault_armed), "topic": topic,
+    if spec.has_logic or spec.typed is not None:
+        from kdg.spark.logic import write_with_logic
+
+        write = write_with_logic if spec.has_logic else _write_typed
+        yield pa.RecordBatch.from_pylist([{**write(batches, spec, fault_armed), "topic": topic,
                                            "offsets": json.dumps(high)}])
         return
     read = written = dropped = chunks = probes = 0

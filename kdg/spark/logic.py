@@ -1,0 +1,186 @@
+"""Your logic on Spark: a route's ``--transform`` and the ``--handler``, run by the executors as `kdg consume` runs them.
+
+On the driver, :func:`check_logic` imports each function once (one that cannot be imported is a usage
+error, exit 2, before anything is read) and notes the folder each module was found in. An executor's
+Python worker imports the function again by its ``module:function`` name, with that folder first on its
+``sys.path``: on the local master it is this machine's; on a cluster, :func:`module_roots` says what to
+ship (:meth:`kdg.spark.session.SparkRun.ship_modules`). A function given as an object (the Python API) is
+pickled with the task.
+
+:func:`write_with_logic` is the executors' write of a task that has either: each record through its route's
+transform (:func:`kdg.flow.transform.fan_out`, `kdg consume`'s code: a dict, a list of dicts keyed
+``KEY#i``, None filtered, an exception dead-lettered with ``kdg-error-type`` / ``kdg-error-message``), then
+each chunk in ONE transaction of the store's unit (:meth:`kdg.store.unit.UnitMixin.write_unit`), which calls
+the handler with the rows that transaction writes (never a duplicate it suppressed).
+"""
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+from typing import Iterator
+
+from kdg.errors import KeylessRecord, UsageError
+
+
+def check_logic(router, handler) -> tuple[str, ...]:
+    """Import every route's transform and the handler now (a usage error names one that cannot be); the folders
+    their modules were found in, for the executors' ``sys.path``."""
+    from kdg.flow.transform import load_function
+
+    specs = [(r.transform, "--transform") for r in router.routes if r.transform is not None]
+    specs += [(handler, "--handler")] if handler is not None else []
+    roots: list[str] = []
+    for spec, option in specs:
+        load_function(spec, option)
+        if isinstance(spec, str):
+            root = _root_of(spec.partition(":")[0])
+            if root is not None and root not in roots:
+                roots.append(root)
+    return tuple(roots)
+
+
+def module_roots(router, handler) -> list[Path]:
+    """What a cluster's executors need of the user's code: each named module's top-level file or package."""
+    names = [s for s in [r.transform for r in router.routes] + [handler] if isinstance(s, str)]
+    found = []
+    for name in dict.fromkeys(s.partition(":")[0].split(".")[0] for s in names):
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.origin in (None, "built-in", "frozen"):
+            continue
+        origin = Path(spec.origin)
+        found.append(origin.parent if origin.name == "__init__.py" else origin)
+    return found
+
+
+def _root_of(module: str) -> str | None:
+    """The ``sys.path`` folder ``module``'s top-level package (or module) was imported from."""
+    top = sys.modules.get(module.split(".")[0])
+    origin = getattr(top, "__file__", None)
+    if origin is None:
+        return None
+    origin = Path(origin).resolve()
+    return str(origin.parent.parent if origin.name == "__init__.py" else origin.parent)
+
+
+def user_function(spec, option: str, roots: tuple[str, ...]):
+    """On an executor: the function ``spec`` names (``module:function``, found in ``roots`` too), or ``spec`` itself."""
+    if spec is None or callable(spec):
+        return spec
+    from kdg.flow.transform import load_function
+
+    for root in reversed(roots):
+        if root not in sys.path and os.path.isdir(root):
+            sys.path.insert(0, root)
+    try:
+        return load_function(spec, option)
+    except UsageError as exc:
+        raise UsageError(f"{exc} (on a Spark executor: the module must be importable there too)") from None
+
+
+def _transform(spec):
+    """The task's route's :class:`~kdg.flow.transform.Transform`, decoding as `kdg consume` does (its mapping's
+    formats, else the command's value format and JSON keys)."""
+    from kdg.flow.transform import Transform
+    from kdg.schemas.codecs import optional_decoder
+
+    fn = user_function(spec.transform, "--transform", spec.roots)
+    if fn is None:
+        return None
+    formats = (spec.typed.mapping.value_format, spec.typed.mapping.key_format) if spec.typed is not None else (
+        spec.value_format, "json")
+    return Transform(fn, *[optional_decoder(f, spec.registry) for f in formats])
+
+
+def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
+    """A task's records through the route's transform, its chunks written with the handler in their transaction;
+    the task's counts (:data:`kdg.spark.writer.SUMMARY_COUNTS`)."""
+    from kdg import faults
+    from kdg.flow.transform import as_value, fan_out
+    from kdg.records import Record
+    from kdg.settings import table_name
+    from kdg.sinks.dead_letters import refused_row
+    from kdg.spark.writer import SUMMARY_COUNTS, _keys, _LazyDeadLetters, _records
+    from kdg.store.pg import Store
+    from kdg.store.rows import SinkRows, sink_row
+    from kdg.store.unit import Part
+
+    transform, handler = _transform(spec), user_function(spec.handler, "--handler", spec.roots)
+    maker = None
+    if spec.typed is not None:
+        from kdg.mapping import RowMaker
+
+        maker = RowMaker(spec.typed.mapping, spec.registry)
+    dlq, fill = _LazyDeadLetters(spec.dead_letters), _keys(spec)
+    totals = dict.fromkeys(SUMMARY_COUNTS, 0)
+    seen: set[str] = set()
+    pending: list[tuple[Record, str]] = []
+    dead: list[tuple] = []
+    with Store(spec.dsn) as store:
+        def flush(chunk: list) -> None:
+            dlq.send(dead)  # durable before the rows that account for them commit
+            totals["dead_lettered"] += len(dead)
+            dead.clear()
+            if not chunk:
+                return
+            if maker is not None:
+                part = Part(spec.typed.mapping.table, maker.staged(chunk, keep=handler is not None), spec.typed)
+            else:
+                part = Part(table_name(spec.table), SinkRows.of(
+                    [sink_row(rec, key) if rec.row is None else sink_row(_with_value(rec, as_value(rec)), key)
+                     for rec, key in chunk]))
+
+            def dead_letter(part, result) -> None:  # inside the transaction: durable before it commits
+                found = (part.rows.dead if part.target is not None else []) + [
+                    refused_row(*chunk[seq], state, message) for seq, state, message in result.rejected]
+                dlq.send(found)
+                totals["dead_lettered"] += len(found)
+
+            [result] = store.write_unit([part], spec.group, claim=spec.dedup, handler=handler,
+                                        dead_letter=dead_letter)
+            for name, got in (("rows_written", result.written), ("duplicates_dropped", result.duplicates),
+                              ("superseded", result.superseded), ("deleted", result.deleted),
+                              ("filtered", result.filtered)):
+                totals[name] += got
+            totals["chunks"] += 1
+            if fault_armed:
+                faults.reach("spark-task-mid-write")
+
+        for batch in batches:
+            pairs = []
+            for rec, key in _records(batch):
+                totals["rows_read"] += 1
+                if key is None and rec.is_probe:  # `kdg doctor`'s record (job.key_expression)
+                    totals["probes_skipped"] += 1
+                    continue
+                if fill is not None:
+                    key = fill(key, rec)
+                if spec.dedup:
+                    if key is None:
+                        raise KeylessRecord(f"record {rec.topic}/{rec.partition}/{rec.offset} has no kdg-id header "
+                                            "and no --id-from key; exactly-once needs an idempotency key for every "
+                                            "record")
+                    if key in seen:  # a repeat within this task's range: neither transformed nor written
+                        totals["duplicates_dropped"] += 1
+                        continue
+                    seen.add(key)
+                pairs.append((rec, key))
+            if transform is None:
+                pending += pairs
+            else:
+                filtered, extra = fan_out(pairs, [(None, transform)], pending, dead)
+                totals["filtered"] += filtered
+                totals["exploded"] += extra
+            while len(pending) >= spec.chunk_rows:
+                flush(pending[:spec.chunk_rows])
+                del pending[:spec.chunk_rows]
+        if pending or dead:
+            flush(pending)
+    return totals
+
+
+def _with_value(rec, value: bytes | None):
+    """``rec`` with the generic table's value: a transform's row as JSON."""
+    from dataclasses import replace
+
+    return replace(rec, value=value)

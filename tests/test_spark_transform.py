@@ -1,0 +1,123 @@
+"""Your logic on Spark: the same transforms give the same tables in `kdg consume` and `kdg spark-replay`, and a
+``--handler`` runs in each Spark task's transaction with only the rows it writes."""
+
+import json
+import os
+import uuid
+from decimal import Decimal
+
+from conftest import as_json
+from test_examples import copied, kdg_in, run
+from test_transforms import ORDERS
+
+from kdg.kafka.admin import ensure_topic
+from kdg.store.pg import Store
+
+HERE = os.path.dirname(__file__)
+# two routes, each its own topic (a fan-out, [[route.into]], is kdg consume's only), each with its transform;
+# a third whose transform raises on some orders
+PIPELINE = """[[route]]
+name = "orders"
+topics = ["{orders}"]
+table = "{prefix}_orders"
+transform = "shop_logic:orders"
+mode = "upsert"
+key = ["id"]
+create_table = true
+[route.columns]
+id = {{ type = "bigint", from = "json:id" }}
+total = {{ type = "numeric(12,2)", from = "json:total" }}
+
+[[route]]
+name = "lines"
+topics = ["{lines}"]
+table = "{prefix}_order_lines"
+transform = "shop_logic:lines"
+mode = "upsert"
+key = ["order_id", "n"]
+create_table = true
+[route.columns]
+order_id = {{ type = "bigint", from = "json:order_id" }}
+n = {{ type = "integer", from = "json:n" }}
+sku = {{ type = "text", from = "json:sku" }}
+qty = {{ type = "integer", from = "json:qty" }}
+
+[[route]]
+name = "fragile"
+topics = ["{fragile}"]
+table = "{prefix}_fragile"
+transform = "shop_logic:fragile"
+"""
+
+
+def _tables(conn, prefix: str) -> tuple:
+    with Store(conn.pg_dsn) as store:
+        return ({r["id"]: r["total"] for r in store.fetch(f"SELECT id, total FROM {prefix}_orders")},
+                {(r["order_id"], r["n"]): (r["sku"], r["qty"]) for r in store.fetch(f"SELECT * FROM {prefix}_order_lines")},
+                {r["idempotency_key"]: json.loads(r["value"]) for r in store.fetch(
+                    f"SELECT idempotency_key, value FROM {prefix}_fragile")})
+
+
+def test_the_same_transforms_give_the_same_tables_in_consume_and_spark_replay(kdg, conn, topic, group, tmp_path):
+    topics = {"orders": topic}
+    for name in ("lines", "fragile"):
+        topics[name] = f"t-{uuid.uuid4().hex[:10]}"
+        ensure_topic(conn.bootstrap_servers, topics[name], partitions=3)
+    src = tmp_path / "orders.txt"
+    src.write_text("".join(json.dumps(o) + "\n" for o in ORDERS))
+    for name, at in topics.items():
+        kdg("produce", at, "-g", "exactly-once", "--file", src, "--id", f"{name}-{{seq}}")
+    env = {"PYTHONPATH": HERE}
+    # a transform that cannot be imported: refused before anything is read (no Spark started)
+    missing = kdg("spark-replay", topic, "--transform", "shop_logic:nowhere", "--table", "never_made", env=env,
+                  check=False)
+    assert missing.returncode == 2 and "shop_logic:nowhere" in missing.stderr, missing.stderr
+
+    reports, tables = [], []
+    for engine in ("consume", "spark-replay"):
+        prefix = f"tx{uuid.uuid4().hex[:8]}"
+        pipeline = tmp_path / f"{engine}.toml"
+        pipeline.write_text(PIPELINE.format(prefix=prefix, **topics))
+        args = ("-G", group, "-e") if engine == "consume" else ("-G", f"spark-{group}")
+        reports.append(as_json(kdg(engine, "--pipeline", pipeline, "-g", "exactly-once", *args, "--json", env=env,
+                                   timeout=600)))
+        tables.append(_tables(conn, prefix))
+
+    kept = [o for o in ORDERS if not o["test"]]
+    orders, lines, fragile = tables[0]
+    assert orders == {o["id"]: sum(Decimal("2.35") * i["qty"] for i in o["items"]) for o in kept}
+    assert lines == {(o["id"], n): (i["sku"], i["qty"]) for o in kept for n, i in enumerate(o["items"])}
+    assert len(fragile) == len(ORDERS) - 4
+    assert tables[1] == tables[0]  # every table, row for row (the generic one: each key's transformed value)
+    consumed, replayed = reports
+    assert replayed["filtered"] == consumed["filtered"] == 2 * (len(ORDERS) - len(kept)), reports
+    assert replayed["dead_lettered"] == consumed["dead_lettered"] == 4, reports
+    assert replayed["exploded"] == consumed["exploded"] > 0, reports
+    # Spark's dead letters are consume's: the transform's error in kdg-error-type and kdg-error-message
+    out = kdg("consume", f"{topics['fragile']}.dlq", "-G", f"dlq-{group}", "--sink", "stdout", "--format", "json",
+              "-o", "beginning", "-e").stdout.splitlines()
+    headers = [{h["name"]: h["value"] for h in json.loads(line)["headers"]} for line in out]
+    assert sorted(h["kdg-error-message"] for h in headers) == sorted(
+        f"order {i} has no customer" for i in (42, 142, 242, 342) for _ in reports)
+    assert {h["kdg-error-type"] for h in headers} == {"ValueError"}
+
+
+def test_the_handler_runs_in_each_spark_task_transaction_with_the_rows_it_writes(stack, conn, topic, tmp_path):
+    """examples/balances' handler on Spark, imported from the current directory as `python -m` finds modules: every
+    payment sent twice, each moves its balance once (the handler never sees a duplicate the claims suppressed)."""
+    accounts, payments = f"acc_{uuid.uuid4().hex[:8]}", f"pay_{uuid.uuid4().hex[:8]}"
+    here = copied("balances", tmp_path, {"accounts": accounts})
+    with Store(conn.pg_dsn) as store:
+        store.execute((here / "setup.sql").read_text())
+    made = run(stack, here, "make_payments.py", 300).stdout
+    for _ in range(2):
+        kdg_in(stack, here, "produce", topic, "-g", "exactly-once", "--id", "pay-{seq}", stdin=made)
+    report = json.loads(kdg_in(stack, here, "spark-replay", topic, "-g", "exactly-once", "--table", payments,
+                               "--handler", "balances:apply", "--json").stdout)
+    assert (report["rows_read"], report["rows_written"], report["duplicates_dropped"]) == (600, 300, 300), report
+    expected: dict = {}
+    for p in map(json.loads, made.splitlines()):
+        expected[p["account"]] = expected.get(p["account"], 0) + p["amount"]
+    with Store(conn.pg_dsn) as store:
+        balances = {r["id"]: r["balance"] for r in store.fetch(f"SELECT id, balance FROM {accounts}")}
+    assert balances == expected
