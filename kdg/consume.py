@@ -110,6 +110,8 @@ class ConsumeReport:
     field_notes: list = field(default_factory=list)  # a typed sink: mapped fields no record had, fields unmapped
     tables: dict = field(default_factory=dict)  # Postgres: per table, where its rows ended (and its route)
     schema_changes: list = field(default_factory=list)  # evolve = add-columns: each column added (table, column, type)
+    unavailable_values: int = 0      # Debezium's placeholders (unchanged TOASTed columns) read: each column's value kept
+    skipped_events: dict = field(default_factory=dict)  # Debezium heartbeats and schema-change events: no rows, by kind
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -311,6 +313,7 @@ def _loop(req, policy, keys, consumer, offsets, sink, end, report, metrics) -> N
                 req.notice(f"warning: {note}")
             _schema_changes(req, sink, report)
             _field_notes(req, sink, report, metrics)
+            _cdc_counts(req, sink, report)
             stop = _stop_reason(req, got, end, report, last_data, sink.records_in_flight)
             if stop and sink.records_in_flight:  # decide on what is written, not on what is being written
                 _settle(sink.drain(), req, offsets, sink, report, metrics)
@@ -357,6 +360,26 @@ def _schema_changes(req, sink, report) -> None:
         req.notice(f"{change['table']}: column {change['column']} {change['type']} {change['change']} (a field new to "
                    "the table)")
         report.schema_changes.append(change)
+
+
+def _cdc_counts(req, sink, report) -> None:
+    """Debezium's placeholders read and its heartbeats and schema-change events skipped, into the report; each
+    kind said the first time it is met."""
+    found = sink.cdc_counts() if hasattr(sink, "cdc_counts") else None
+    if not found:
+        return
+    totals, where = Counter(), {}
+    for (place, kind), n in found.items():
+        totals[kind] += n
+        where.setdefault(kind, []).append(place)
+    if totals["unavailable"] and not report.unavailable_values:
+        req.notice(f"{', '.join(where['unavailable'])}: Debezium's unavailable-value placeholder (an unchanged TOASTed "
+                   "column) read: its column keeps the value it has, the placeholder is never written")
+    for kind in sorted(set(totals) - {"unavailable"} - set(report.skipped_events)):
+        req.notice(f"{', '.join(where[kind])}: Debezium {kind} events skipped (no rows' changes; counted in "
+                   "skipped_events)")
+    report.unavailable_values = totals.pop("unavailable", 0)
+    report.skipped_events = dict(totals)
 
 
 def _stop_reason(req, got: bool, end, report, last_data: float, in_flight: int) -> str | None:

@@ -219,7 +219,8 @@ def test_the_mapping_file_and_flags_that_override_it(tmp_path):
     path.write_text(ORDERS_TOML)
     mapping = build_mapping(file=path)
     assert mapping.to_dict() == {
-        "table": "app.orders", "mode": "upsert", "key": ["order_id"], "on_tombstone": "delete", "create_table": False,
+        "table": "app.orders", "mode": "upsert", "key": ["order_id"], "on_tombstone": "delete",
+        "on_truncate": "dead-letter", "create_table": False,
         "envelope": "none", "value_format": "json", "key_format": "json",
         "columns": [{"name": "order_id", "type": "bigint", "from": "key"},
                     {"name": "customer", "type": "text", "from": "json:/customer/name"},
@@ -334,7 +335,8 @@ def test_a_debezium_change_stream_upserts_after_and_deletes_by_before(on_tombsto
 
 
 @pytest.mark.parametrize("value, says", [
-    (b'{"id": 1}', "not a Debezium change event: no op"), (_event("t"), "op 't': only c, u, r and d"),
+    (b'{"id": 1}', "not a Debezium change event: no op"), (_event("x"), "op 'x': only c, u, r, d and t"),
+    (_event("t"), "a Debezium truncate (op t): --on-truncate dead-letter"),
     (_event("c"), "op c) without an after row"), (b"[1]", "no op"), (b"{bad", "bad JSON"),
 ])
 def test_what_is_not_a_change_event_is_a_dead_letter(value, says):

@@ -4,7 +4,9 @@ Under ``--envelope debezium`` each value is a change event (bare, or in JsonConv
 "payload"}``), and ``json:`` reads its row: ``after`` for a create, update or snapshot read (op c, u, r),
 ``before`` for a delete (op d). A delete whose ``before`` is null (``REPLICA IDENTITY NOTHING``) and a
 tombstone have no row in the value: theirs is the record key (Debezium's key is the row's primary key).
-``source:`` reads the event's ``source`` block, ``envelope:`` the whole event. The typed sink's columns
+``source:`` reads the event's ``source`` block, ``envelope:`` the whole event. A truncate (op t) has no row;
+nor have the events of Debezium's heartbeat and schema-change topics, which carry no op: each is told apart by
+:attr:`Document.control` (``truncate``, ``heartbeat``, ``schema change``). The typed sink's columns
 (:class:`kdg.mapping.rows.RowMaker`) and ``--id-from`` (:class:`kdg.keys.KeyResolver`) read them through
 one :class:`RecordReader`, so a key and a column read the same field the same way.
 
@@ -21,6 +23,7 @@ from kdg.mapping.record_schemas import ConnectJson, envelope_field, field_schema
 from kdg.mapping.sources import as_text, json_text, parse_json
 
 UPSERTS = frozenset(("c", "u", "r"))  # Debezium's create, update, read (snapshot): the row is `after`
+TRUNCATE, HEARTBEAT, SCHEMA_CHANGE = "truncate", "heartbeat", "schema change"  # Document.control
 _NO_PLAN = object()
 
 
@@ -33,6 +36,7 @@ class Document(NamedTuple):
     key_doc: object    # the record key as JSON (key:FIELD)
     plan: tuple | None  # per source, its reader decoding the Connect types the schema names (None: none do)
     row_from_key: bool = False  # a delete without before, or a tombstone: the row is the record key
+    control: str | None = None  # not a row's change: a truncate (op t), a heartbeat or a schema-change event
 
 
 _NOTHING = Document(False, None, None, None, None)
@@ -73,7 +77,7 @@ class RecordReader:
                     return _NOTHING
                 try:
                     if rec.value.find(b'"schema"', 0, 32) < 0:  # not JsonConverter's (its schema comes first)
-                        return _document((False, parse_json(rec.value), None, None, None, False))
+                        return _document((False, parse_json(rec.value), None, None, None, False, None))
                     row, vid = self._value_json.read(rec.value)
                 except ValueError as exc:
                     raise ValueError(f"{self._value_bad}{exc}") from None
@@ -97,10 +101,15 @@ class RecordReader:
                     raise ValueError(f"a Debezium change event (op {op}) without an after row")
             elif op == "d":
                 deleted, field = True, "before" if type(event.get("before")) is dict else "key"
+            elif op == "t":
+                return Document(False, None, event, None, None, False, TRUNCATE)
             elif op is None:
-                raise ValueError("not a Debezium change event: no op (with --envelope debezium)")
+                control = control_event(event, rec)
+                if control is None:
+                    raise ValueError("not a Debezium change event: no op (with --envelope debezium)")
+                return Document(False, None, event, None, None, False, control)
             else:
-                raise ValueError(f"a Debezium change event with op {op!r}: only c, u, r and d are applied")
+                raise ValueError(f"a Debezium change event with op {op!r}: only c, u, r, d and t are read")
         key_doc, kid, kschema = (None, None, None)
         if self._reads_key or field == "key":
             try:
@@ -122,7 +131,7 @@ class RecordReader:
         envelope, the change event the transform returned."""
         key_doc = self._key(rec)[0] if self._reads_key and rec.key is not None else None
         if not self.cdc:
-            return _document((False, rec.row, None, key_doc, None, False))
+            return _document((False, rec.row, None, key_doc, None, False, None))
         event, op = rec.row, rec.row.get("op")
         if op in UPSERTS and type(event.get("after")) is dict:
             return Document(False, event["after"], event, key_doc, None)
@@ -192,6 +201,22 @@ class RecordReader:
 
 
 _ROOTS = ("value", "key", "source", "envelope")  # the source kinds a schema may describe
+HEARTBEAT_TOPIC = "__debezium-heartbeat"  # Debezium's topic.heartbeat.prefix, by default
+_HEARTBEAT_KEY = b'"serverName"'  # a heartbeat's key: {"serverName": topic.prefix}
+
+
+def control_event(event, rec=None) -> str | None:
+    """What a Debezium event without an op is: ``heartbeat`` (``{"ts_ms"}`` alone, on a heartbeat topic or
+    keyed by the connector's server name), ``schema change`` (its ``ddl`` or ``tableChanges``), or None: not
+    Debezium's. Neither is a row's change; a typed route skips them and counts them."""
+    if type(event) is not dict:
+        return None
+    if "ddl" in event or "tableChanges" in event:
+        return SCHEMA_CHANGE
+    if set(event) <= {"ts_ms"} and event and rec is not None and (
+            rec.topic.startswith(HEARTBEAT_TOPIC) or (rec.key is not None and _HEARTBEAT_KEY in rec.key)):
+        return HEARTBEAT
+    return None
 
 
 def _wrapper(schema):

@@ -73,7 +73,8 @@ _ROWS = ("after", "before")  # a change event's row schemas: the same struct, ei
 
 def mapping_from_record(value: bytes | None, key: bytes | None, base: Mapping, table: TableName) -> Mapping | None:
     """The mapping of ``base``'s settings (mode, on_tombstone, envelope, create_table, formats; its columns
-    ignored) for ``table``, with the columns and key the record's JsonConverter schemas describe; None when
+    ignored, its ``extra_columns`` added last) for ``table``, with the columns and key the record's JsonConverter
+    schemas describe; None when
     the value carries no schema. A schema kdg cannot make columns of is a usage error saying why.
 
     ``base.key`` is kept only when the record key names no fields."""
@@ -94,7 +95,11 @@ def mapping_from_record(value: bytes | None, key: bytes | None, base: Mapping, t
     _check_names(columns)
     names = {field: column.name for field, column in columns.items()}
     found = tuple(names[f] for f in key_fields) or base.key
-    return validate(replace(base, table=table, columns=tuple(columns.values()), key=found))
+    taken = next((c for c in base.extra_columns if c.name in names.values()), None)
+    if taken is not None:
+        raise UsageError(f"column {taken.name!r} ({taken.source.spec}) is also a field of the record's schema; "
+                         "name it otherwise")
+    return validate(replace(base, table=table, columns=tuple(columns.values()) + base.extra_columns, key=found))
 
 
 def column_type(schema) -> str:

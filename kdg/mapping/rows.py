@@ -3,9 +3,17 @@
 A staged row is ``(seq, idempotency_key, topic, partition, offset, tombstone, *values)``: ``seq`` is
 the record's place in its batch (Kafka order within a partition), so a rejected row leads back to
 its record and the latest version of a key wins an upsert.
+
+Under ``--envelope debezium`` a truncate (op t) with ``on_truncate = "apply"`` is staged as a tombstone
+without values and listed in :attr:`StagedRows.truncates` (the store empties the table at its place);
+Debezium's unavailable-value placeholder (an unchanged TOASTed column) is staged as NULL and listed in
+:attr:`StagedRows.keeps`, so that an upsert leaves the column's current value; heartbeats and schema-change
+events are no rows: counted in :attr:`StagedRows.skipped`.
 """
 
-from kdg.mapping.events import RecordReader
+from collections import Counter
+
+from kdg.mapping.events import TRUNCATE, RecordReader
 from kdg.mapping.fields import UNMAPPED_EVERY, FieldWatch
 from kdg.mapping.sources import parse_json
 from kdg.mapping.spec import Mapping
@@ -14,14 +22,25 @@ STAGE_PREFIX = (("seq", "integer"), ("idempotency_key", "text"), ("topic", "text
                 ("offset", "bigint"), ("tomb", "boolean"))
 TOMBSTONE_REASON = "tombstone (null value): --on-tombstone dead-letter"
 DELETE_REASON = "a Debezium delete (op d): --on-tombstone dead-letter"
+TRUNCATE_REASON = "a Debezium truncate (op t): --on-truncate dead-letter"
+NOT_APPLIED_REASON = ("a Debezium truncate (op t): on_truncate = apply is applied by kdg consume only (Spark's tasks "
+                      "write their ranges at once: a truncate in one would delete rows another wrote after it)")
+# Debezium's unavailable.value.placeholder, by default: sent for an unchanged TOASTed column (a bytes column: its
+# base64; an array: the placeholder its one element)
+UNAVAILABLE = "__debezium_unavailable_value"
+UNAVAILABLE_B64 = "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="
+_UNAVAILABLE_MARKS = (UNAVAILABLE.encode(), UNAVAILABLE_B64[:-2].encode())
 
 
 class RowMaker:
     """The compiled form of a mapping: ``rows(records)`` → staged rows and dead letters."""
 
-    def __init__(self, mapping: Mapping, registry: dict[str, str] | None = None, *, watch: bool = False):
+    def __init__(self, mapping: Mapping, registry: dict[str, str] | None = None, *, watch: bool = False,
+                 truncates: bool = False):
         """``registry``: the Schema Registry settings, for a schema'd value or key format; ``watch``: hold the
-        mapping against each batch's rows (:attr:`watch`, :mod:`kdg.mapping.fields`)."""
+        mapping against each batch's rows (:attr:`watch`, :mod:`kdg.mapping.fields`); ``truncates``: the writer
+        applies truncates in record order (``kdg consume``'s one transaction per batch; Spark's tasks cannot, and
+        dead-letter them with the reason)."""
         self.mapping = mapping
         self.columns = mapping.columns
         self._jsonb = [c.type.base == "jsonb" for c in mapping.columns]
@@ -38,6 +57,15 @@ class RowMaker:
         # a delete must say which row: deleting by a NULL key would delete nothing, silently
         self._delete_keys = [(i, c) for i, c in enumerate(mapping.columns) if c.name in mapping.key] \
             if mapping.on_tombstone == "delete" else []
+        self._truncate = None if mapping.on_truncate == "apply" and truncates else \
+            NOT_APPLIED_REASON if mapping.on_truncate == "apply" else TRUNCATE_REASON
+        self._blank = (None,) * len(mapping.columns)
+        # the columns a placeholder may stand in: each a top-level field of the row, not a key column
+        self._fields = [(i, c.source.path[0]) for i, c in enumerate(mapping.columns)
+                        if c.source.kind == "value" and len(c.source.path) == 1 and c.name not in mapping.key] \
+            if mapping.envelope == "debezium" else []
+        self.unavailable = 0          # placeholders read, each staged as "keep the column's value"
+        self.skipped: Counter = Counter()  # heartbeats and schema-change events read, by kind
         self.watch = FieldWatch(mapping) if watch else None
         if self.watch is not None and not self.watch.active:
             self.watch = None
@@ -69,14 +97,18 @@ class RowMaker:
         never all live at once (``keep`` keeps them, for a ``--handler``)."""
         return StagedRows(self, records, keep)
 
-    def _row(self, seq: int, rec, key, dead: list) -> tuple | None:
-        """The staged row of one record; None when it became a dead letter ``(record, reason, key)`` in ``dead``."""
+    def _row(self, seq: int, rec, key, staged: "StagedRows") -> tuple | None:
+        """The staged row of one record; None when it became a dead letter ``(record, reason, key)`` in
+        ``staged.dead``, or was skipped (a heartbeat, a schema-change event)."""
+        dead = staged.dead
         tomb = rec.value is None
         if tomb and self._tombstones == "dead-letter":
             dead.append((rec, TOMBSTONE_REASON, key))
             return None
         try:
             doc = self._reader.document(rec)
+            if doc.control is not None:
+                return self._control(seq, rec, key, doc.control, staged)
             watch = self._watching  # (FieldWatch.wants, inlined: this runs once per record)
             if watch is not None and (watch.missing or not seq % UNMAPPED_EVERY) and not doc.deleted:
                 watch.see(seq, doc.row)
@@ -87,6 +119,9 @@ class RowMaker:
                     return None
                 tomb = True
             values = self._reader.texts(rec, key, doc, self._names)
+            if self._fields and not doc.deleted and rec.row is None and (
+                    _UNAVAILABLE_MARKS[0] in rec.value or _UNAVAILABLE_MARKS[1] in rec.value):
+                self._keep(seq, doc.row, values, staged)
             if deletes:
                 for i, column in self._delete_keys:
                     if values[i] is None:
@@ -103,6 +138,32 @@ class RowMaker:
         return (seq, key, rec.topic, rec.partition, rec.offset, tomb, *values)
 
 
+    def _control(self, seq: int, rec, key, control: str, staged: "StagedRows") -> tuple | None:
+        """A truncate's staged row (a tombstone without values, listed in ``staged.truncates``) or its dead
+        letter; a heartbeat or schema-change event counted, and no row."""
+        if control != TRUNCATE:
+            staged.skipped[control] += 1
+            self.skipped[control] += 1
+            return None
+        if self._truncate is not None:
+            staged.dead.append((rec, self._truncate, key))
+            return None
+        staged.truncates.append(seq)
+        return (seq, key, rec.topic, rec.partition, rec.offset, True, *self._blank)
+
+    def _keep(self, seq: int, row, values: list, staged: "StagedRows") -> None:
+        """Each column whose field holds Debezium's placeholder: staged NULL, and listed to keep its value."""
+        if type(row) is not dict:
+            return
+        for i, field in self._fields:
+            found = row.get(field)
+            if found == UNAVAILABLE or found == UNAVAILABLE_B64 or found == [UNAVAILABLE] \
+                    or found == _UNAVAILABLE_MARKS[0]:  # (a decoded Avro bytes field: the placeholder's bytes)
+                values[i] = None
+                staged.keeps.append((seq, i))
+                self.unavailable += 1
+
+
 def _keyless(column, row_from_key: bool) -> str:
     why = (f"before is null, and {column.source.spec} read the record key, which has no such field"
            if row_from_key and column.source.kind == "value" else f"{column.source.spec} is null or missing")
@@ -115,7 +176,9 @@ class StagedRows:
     give the kept rows (``keep``) or nothing.
 
     After that pass: ``count`` rows were made, ``dead`` holds the dead letters ``(record, reason, key)``,
-    and :meth:`claims` gives ``(key, topic, partition, offset)`` of each row, for its claim.
+    and :meth:`claims` gives ``(key, topic, partition, offset)`` of each row, for its claim; ``truncates``
+    the seqs of truncates to apply, ``keeps`` ``(seq, column index)`` of each placeholder, ``skipped`` the
+    heartbeats and schema-change events by kind.
     """
 
     def __init__(self, maker: RowMaker, records, keep: bool):
@@ -123,6 +186,9 @@ class StagedRows:
         self._maker, self._kept, self._made = maker, [] if keep else None, False
         self._dead_seqs: set[int] = set()
         self.tombs: set[int] = set()  # seqs of the rows staged as tombstones (a tombstone, or a change event's delete)
+        self.truncates: list[int] = []  # seqs of the truncates staged (also tombs)
+        self.keeps: list[tuple[int, int]] = []  # (seq, column index): a placeholder, the column's value kept
+        self.skipped: Counter = Counter()  # heartbeats and schema-change events: no rows
 
     @property
     def kept(self) -> list[tuple]:
@@ -141,7 +207,7 @@ class StagedRows:
             yield from self._kept or ()
             return
         self._made = True
-        row_of, dead, dead_seqs, kept = self._maker._row, self.dead, self._dead_seqs, self._kept
+        row_of, dead_seqs, kept = self._maker._row, self._dead_seqs, self._kept
         watch = self._maker.watch
         if watch is not None and watch.due():
             watch.begin()
@@ -149,7 +215,7 @@ class StagedRows:
         else:
             watch = None
         for seq, (rec, key) in enumerate(self.records):
-            row = row_of(seq, rec, key, dead)
+            row = row_of(seq, rec, key, self)
             if row is None:
                 dead_seqs.add(seq)
                 continue

@@ -9,6 +9,7 @@ or ``--mapping orders.toml``::
     mode = "upsert"              # insert (default) | upsert
     key = ["order_id"]           # upsert/delete key [default: the table's primary key]
     on_tombstone = "delete"      # dead-letter (default) | delete | ignore
+    on_truncate = "apply"        # dead-letter (default) | apply: a Debezium truncate (op t) empties the table
     create_table = false
     envelope = "none"            # none (default) | debezium: json: reads the change event's row (`after`; a delete's
                                  #   `before`, or the record key when before is null); source:/envelope: the event
@@ -35,10 +36,11 @@ from kdg.settings import TableName, table_name
 
 MODES = ("insert", "upsert")
 TOMBSTONES = ("dead-letter", "delete", "ignore")
+TRUNCATES = ("dead-letter", "apply")
 ENVELOPES = ("none", "debezium")
 EVOLVE = ("none", "add-columns")
-_FILE_KEYS = {"table", "mode", "key", "on_tombstone", "create_table", "columns", "envelope", "value_format",
-              "key_format"}
+_FILE_KEYS = {"table", "mode", "key", "on_tombstone", "on_truncate", "create_table", "columns", "envelope",
+              "value_format", "key_format"}
 # the NAME of 'NAME [TYPE] = SOURCE': a double-quoted name may hold spaces and '=' (its rule: column_name)
 _NAME = re.compile(r'\s*("(?:[^"]|"")*"|[^\s=]+)')
 
@@ -100,6 +102,8 @@ class Mapping:
     key_format: str = "json"           # ... and the key for key:FIELD sources
     from_schema: bool = False          # columns = "from-schema": each topic's columns come from its records' schema
     evolve: str = "none"               # add-columns: a field new to the table adds a nullable column (from-schema)
+    on_truncate: str = "dead-letter"   # apply: a Debezium truncate (op t) deletes every row, in record order
+    extra_columns: tuple[Column, ...] = ()  # from-schema: columns listed besides the schema's (source:ts_ms, ...)
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
@@ -122,7 +126,8 @@ class Mapping:
 
     def to_dict(self) -> dict:
         return {"table": self.table.text, "mode": self.mode, "key": list(map(spelled, self.key)),
-                "on_tombstone": self.on_tombstone, "create_table": self.create_table, "envelope": self.envelope,
+                "on_tombstone": self.on_tombstone, "on_truncate": self.on_truncate, "create_table": self.create_table,
+                "envelope": self.envelope,
                 "value_format": self.value_format, "key_format": self.key_format,
                 "columns": [{"name": spelled(c.name), "type": c.type_name, "from": c.source.spec}
                             for c in self.columns]}
@@ -167,7 +172,8 @@ def load_file(path: Path) -> dict:
     key = doc.get("key", [])
     if isinstance(key, str):
         key = [key]
-    for name, kind in (("table", str), ("mode", str), ("on_tombstone", str), ("create_table", bool), ("key", list),
+    for name, kind in (("table", str), ("mode", str), ("on_tombstone", str), ("on_truncate", str),
+                       ("create_table", bool), ("key", list),
                        ("envelope", str), ("value_format", str), ("key_format", str)):
         value = key if name == "key" else doc.get(name)
         if value is not None and not isinstance(value, kind):
@@ -175,7 +181,8 @@ def load_file(path: Path) -> dict:
     if not all(isinstance(k, str) for k in key):
         raise UsageError(f"--mapping {path}: key must list column names, not {key!r}")
     return {"table": doc.get("table"), "columns": parsed, "mode": doc.get("mode"), "key": tuple(key),
-            "on_tombstone": doc.get("on_tombstone"), "create_table": doc.get("create_table"),
+            "on_tombstone": doc.get("on_tombstone"), "on_truncate": doc.get("on_truncate"),
+            "create_table": doc.get("create_table"),
             "envelope": doc.get("envelope"), "value_format": doc.get("value_format"),
             "key_format": doc.get("key_format")}
 
@@ -191,21 +198,27 @@ def _file_column(path: Path, name: str, entry) -> Column:
 def build_mapping(*, file: Path | None = None, columns: list[str] | None = None, table: str | None = None,
                   mode: str | None = None, on_tombstone: str | None = None, create_table: bool = False,
                   key: tuple[str, ...] = (), envelope: str | None = None, value_format: str | None = None,
-                  key_format: str | None = None, from_schema: bool = False, evolve: str | None = None) -> Mapping | None:
+                  key_format: str | None = None, from_schema: bool = False, evolve: str | None = None,
+                  on_truncate: str | None = None) -> Mapping | None:
     """The mapping the flags and file describe, flags winning; None when no typed-sink option was given.
 
     Under ``envelope = debezium`` the mode defaults to upsert and tombstones to delete: a change stream's
-    creates and updates replace the row, its deletes remove it."""
+    creates and updates replace the row, its deletes remove it. With ``from_schema`` the row's columns come
+    from the records' schema, and ``columns`` may only add what the row has not: ``source:``, ``envelope:``,
+    the key, a header or the record's metadata (``extra_columns``)."""
     if file is None and not columns and mode is None and on_tombstone is None and not create_table \
-            and envelope is None and not from_schema:
+            and envelope is None and not from_schema and on_truncate is None:
         return None  # (a --value-format alone is for the stdout sink or --id-from; the caller checks it)
     base = load_file(file) if file is not None else {}
     merged: dict[str, Column] = {c.name: c for c in base.get("columns", [])}
     for column in map(parse_column, columns or []):
         merged[column.name] = column
     table = table or base.get("table")
-    if from_schema and merged:
-        raise UsageError("columns = \"from-schema\" takes every column from the records' schema; list none")
+    row_column = next((c for c in merged.values() if c.source.kind == "value"), None)
+    if from_schema and row_column is not None:
+        raise UsageError(f"columns = \"from-schema\" takes the row's columns from the records' schema: column "
+                         f"{row_column.name!r} reads {row_column.source.spec!r}; list only columns the row has not "
+                         "(source:, envelope:, key, header:, metadata)")
     if not merged and not from_schema:
         raise UsageError("a typed sink needs columns: --column 'NAME [TYPE] = SOURCE' or [columns] in --mapping")
     if not table:
@@ -218,13 +231,14 @@ def build_mapping(*, file: Path | None = None, columns: list[str] | None = None,
                       on_tombstone or base.get("on_tombstone") or ("delete" if cdc else "dead-letter"),
                       bool(create_table or base.get("create_table")), envelope,
                       value_format or base.get("value_format") or "json", key_format or base.get("key_format") or "json",
-                      from_schema, evolve or "none")
+                      from_schema, evolve or "none", on_truncate or base.get("on_truncate") or "dead-letter")
     if mapping.evolve not in EVOLVE:
         raise UsageError(f"evolve {mapping.evolve!r}: use {' or '.join(EVOLVE)}")
     if mapping.evolve != "none" and not from_schema:
         raise UsageError('evolve = "add-columns" follows the records\' schema: give columns = "from-schema" too')
     if from_schema:  # its columns (and key) are each topic's records' (kdg.mapping.from_record): checked then
-        return replace(validate(replace(mapping, key=())), key=key)
+        checked = validate(replace(mapping, key=()))  # the columns listed besides the schema's, checked now
+        return replace(checked, columns=(), extra_columns=checked.columns, key=key)
     return validate(mapping)
 
 
@@ -233,6 +247,10 @@ def validate(mapping: Mapping) -> Mapping:
         raise UsageError(f"mode {mapping.mode!r}: use insert or upsert")
     if mapping.on_tombstone not in TOMBSTONES:
         raise UsageError(f"on_tombstone {mapping.on_tombstone!r}: use {', '.join(TOMBSTONES)}")
+    if mapping.on_truncate not in TRUNCATES:
+        raise UsageError(f"on_truncate {mapping.on_truncate!r}: use {' or '.join(TRUNCATES)}")
+    if mapping.on_truncate == "apply" and mapping.envelope != "debezium":
+        raise UsageError('on_truncate = "apply" applies a Debezium truncate (op t): give envelope = "debezium"')
     if mapping.envelope not in ENVELOPES:
         raise UsageError(f"envelope {mapping.envelope!r}: use {' or '.join(ENVELOPES)}")
     check_format(mapping.value_format, "value_format")

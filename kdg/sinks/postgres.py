@@ -9,6 +9,7 @@ transaction (:mod:`kdg.store.unit`).
 """
 
 import time
+from collections import Counter
 from operator import itemgetter
 from dataclasses import dataclass, field, replace
 
@@ -55,6 +56,7 @@ class PostgresSink(Sink):
         self._by_topic: dict[str, TableWriter] = {}
         self._sources: dict[str, object] = {}  # per route of a {source.*} template: a reader of its events
         self.schema_changes: list[dict] = []  # columns evolve = add-columns added, said as they are
+        self.skipped: Counter = Counter()  # (topic, kind): Debezium heartbeats and schema-change events no table took
         self.windows: list = []  # exactly-once: the tables' claim windows, maintained from here (keep_window)
         self.partitions_dropped = 0
         self._maintain_at, self._maintain_every = 0.0, 300.0
@@ -102,7 +104,7 @@ class PostgresSink(Sink):
             typed, _ = self.store.prepare_typed(target.mapping)  # checked (made) before its records are written
             identity = typed.mapping.table
             writer = self.writers.get(identity.text) or TableWriter(identity, target.route.name, typed, RowMaker(
-                typed.mapping, self.registry, watch=True))
+                typed.mapping, self.registry, watch=True, truncates=True))
         if identity.text not in self.writers:
             self.writers[identity.text] = writer
             self.on_table(self.store, identity, topic, self)
@@ -135,7 +137,7 @@ class PostgresSink(Sink):
             self._added(added, mapping.table)
             self._added([c for c in new if c not in added], mapping.table, "taken up (added before)")
             typed, _ = self.store.prepare_typed(replace(mapping, columns=mapping.columns + tuple(new)))
-            writer.target, writer.rows = typed, RowMaker(typed.mapping, self.registry, watch=True)
+            writer.target, writer.rows = typed, RowMaker(typed.mapping, self.registry, watch=True, truncates=True)
             mapping = typed.mapping
 
     def _added(self, columns, table, change: str = "added") -> None:
@@ -166,9 +168,10 @@ class PostgresSink(Sink):
         for rec, _ in records:
             if rec.topic == topic and rec.value is not None:
                 try:
-                    found = source_block(reader.document(rec).event)
+                    doc = reader.document(rec)
                 except ValueError:  # unreadable: the record's own write dead-letters it
                     continue
+                found = source_block(doc.event) if doc.control in (None, "truncate") else None
                 if found is not None:
                     return found
         return None
@@ -198,6 +201,32 @@ class PostgresSink(Sink):
         """What the typed tables' watches found since last asked, as ``(table, note)``."""
         return [(w.table, note) for w in self.writers.values() if w.rows is not None and w.rows.watch is not None
                 for note in w.rows.watch.news()]
+
+    def cdc_counts(self) -> dict[tuple[str, str], int]:
+        """Debezium's heartbeats and schema-change events skipped, by (table or topic, kind), and each table's
+        unavailable-value placeholders (kind ``unavailable``), so far."""
+        counts = Counter(self.skipped)
+        for w in self.writers.values():
+            if w.rows is not None:
+                counts.update({(w.table.text, kind): n for kind, n in w.rows.skipped.items()})
+                if w.rows.unavailable:
+                    counts[w.table.text, "unavailable"] += w.rows.unavailable
+        return dict(counts)
+
+    def _control(self, rec) -> str | None:
+        """What a record no table took is, if a Debezium heartbeat or schema-change event."""
+        route = self.router.route(rec.topic)
+        if rec.value is None or route.mapping is None or route.mapping.envelope != "debezium":
+            return None
+        from kdg.mapping import RowMaker
+
+        reader = self._sources.get(route.name)
+        if reader is None:
+            reader = self._sources[route.name] = RowMaker(route.mapping, self.registry)._reader
+        try:
+            return reader.document(rec).control
+        except ValueError:
+            return None
 
     def field_counts(self) -> dict[str, int]:
         counts: dict[str, int] = {}
@@ -321,8 +350,11 @@ class PostgresSink(Sink):
             at = (rec.topic, rec.route)
             writer = self._by_topic.get(at) or self._writer(*at[:1], batch.records, at[1])
             if writer is None:
-                if pair[0].value is None:
+                control = self._control(rec) if rec.value is not None else None
+                if pair[0].value is None or control in ("heartbeat", "schema change"):
                     unrouted += 1
+                    if control is not None:
+                        self.skipped[rec.topic, control] += 1
                 else:
                     unnamed.append((pair[0], UNROUTED_REASON, pair[1]))
                 continue

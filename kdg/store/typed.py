@@ -10,6 +10,15 @@ Inside the caller's transaction:
    ON CONFLICT (key) DO UPDATE``, the latest record of each key in Kafka order winning), with
    tombstones deleting by key when asked.
 
+A Debezium truncate (``on_truncate = "apply"``) that is not a duplicate empties the table at its place in
+the batch, after the claims and before step 3: ``DELETE FROM`` the table, and the staged rows before the
+last truncate dropped (they are superseded; the rows after it are written). A DELETE, not a TRUNCATE: it
+takes row locks, not the ACCESS EXCLUSIVE lock that would queue every reader and every other member's
+batch behind this transaction (and risk a deadlock with the tables it has written already), and a reader's
+older snapshot still sees the rows, as MVCC promises. A column staged with Debezium's unavailable-value
+placeholder (listed in ``kdg_tkeep``) keeps its value under upsert: the latest earlier version of the key in
+the batch that has one, else the table's current value.
+
 A statement Postgres refuses for a row's data (SQLSTATE class 22, a bad value or cast; class 23,
 a NOT NULL, CHECK, unique or foreign-key violation — deferred constraints are checked at once, for
 this) is run again on each half of the rows, each
@@ -33,6 +42,8 @@ from kdg.store.windows import Window
 ROW_ERROR_CLASSES = ("22", "23", "21")
 ROW_ERROR_STATES = ("54000",)
 _LAST = 2**31 - 1
+KEEP = "kdg_tkeep"  # (seq, column index) of each placeholder of the part being written
+_KEEP_DDL = f"CREATE TEMP TABLE IF NOT EXISTS {KEEP} (seq integer, col integer) ON COMMIT DELETE ROWS"
 
 @dataclass(frozen=True)
 class TypedTarget:
@@ -65,13 +76,14 @@ class TypedTarget:
                        RETURNING s.tomb)
                    SELECT count(*) AS duplicates, count(*) FILTER (WHERE tomb) AS tombs FROM gone"""
 
-    def write_sql(self) -> list[str]:
-        """The statements writing the staged rows with ``$1 <= seq <= $2`` (the last one's count is rows written)."""
+    def write_sql(self, keeping: bool = False) -> list[str]:
+        """The statements writing the staged rows with ``$1 <= seq <= $2`` (the last one's count is rows written);
+        ``keeping``: an upsert reads :data:`KEEP` for the columns whose value is kept."""
         m = self.mapping
         target, names = m.table.sql, ", ".join(c.sql for c in m.columns)
         deleting = m.on_tombstone == "delete"
         if m.mode == "upsert":
-            return [self._upsert_sql(deleting)]
+            return [self._upsert_sql(deleting, keeping)]
         insert = (f"INSERT INTO {target} ({names}) SELECT {self._casts('s')} FROM {self.stage} s "
                   f"WHERE s.seq BETWEEN $1 AND $2 AND NOT s.tomb")
         if not deleting:
@@ -85,7 +97,10 @@ class TypedTarget:
                   + " AND ".join(f"t.{m.column(k).sql} = d.k{i}" for i, k in enumerate(m.key)))
         return [delete, f"{insert} AND NOT EXISTS ({later_tomb}) ORDER BY s.seq"]
 
-    def _upsert_sql(self, deleting: bool) -> str:
+    def truncate_sql(self) -> str:
+        return f"DELETE FROM {self.mapping.table.sql}"
+
+    def _upsert_sql(self, deleting: bool, keeping: bool = False) -> str:
         m = self.mapping
         target, names = m.table.sql, ", ".join(c.sql for c in m.columns)
         keys = [self._key_cast(k, "s") for k in m.key]
@@ -103,8 +118,30 @@ class TypedTarget:
             gone = (f", gone AS (DELETE FROM {target} t USING latest l WHERE l.tomb AND "
                     + " AND ".join(f"t.{m.column(k).sql} = {self._key_cast(k, 'l')}" for k in m.key) + ")")
         conflict = ", ".join(m.column(k).sql for k in m.key)
+        values = self._kept_casts() if keeping else self._casts("l")
         return (f"WITH latest AS ({latest}){gone} INSERT INTO {target} ({names}) "
-                f"SELECT {self._casts('l')} FROM latest l WHERE NOT l.tomb ON CONFLICT ({conflict}) {update}")
+                f"SELECT {values} FROM latest l WHERE NOT l.tomb ON CONFLICT ({conflict}) {update}")
+
+    def _kept_casts(self) -> str:
+        """:meth:`_casts` of ``latest l``, each column not a key taking, where :data:`KEEP` lists it for the row,
+        the latest earlier version of the key in the range that has a value for it (NULL if that is a delete),
+        else the table's current value."""
+        m = self.mapping
+        same = " AND ".join(f"{self._key_cast(k, 'x')} = {self._key_cast(k, 'l')}" for k in m.key)
+        in_table = " AND ".join(f"t.{m.column(k).sql} = {self._key_cast(k, 'l')}" for k in m.key)
+        casts = []
+        for i, c in enumerate(m.columns):
+            value = c.type.cast(f"l.c{i}")
+            if c.name not in m.key:
+                kept = f"EXISTS (SELECT 1 FROM {KEEP} k WHERE k.seq = {{0}}.seq AND k.col = {i})"
+                earlier = (f"FROM {self.stage} x WHERE x.seq < l.seq AND x.seq >= $1 AND {same} AND "
+                           f"(x.tomb OR NOT {kept.format('x')})")
+                value = (f"CASE WHEN NOT {kept.format('l')} THEN {value} "
+                         f"WHEN EXISTS (SELECT 1 {earlier}) THEN (SELECT CASE WHEN x.tomb THEN NULL ELSE "
+                         f"{c.type.cast(f'x.c{i}')} END {earlier} ORDER BY x.seq DESC LIMIT 1) "
+                         f"ELSE (SELECT t.{c.sql} FROM {m.table.sql} t WHERE {in_table}) END")
+            casts.append(value)
+        return ", ".join(casts)
 
     def _index(self, name: str) -> int:
         return next(i for i, c in enumerate(self.mapping.columns) if c.name == name)
@@ -128,7 +165,9 @@ class TypedResult:
     superseded: int = 0            # an upsert's earlier versions of a key in the batch (or rows a later delete of
     #                                their key in the batch took back): never reach the table as themselves
     deleted: int = 0               # tombstones and change-data-capture deletes applied (on_tombstone = delete)
-    filtered: int = 0              # tombstones and deletes left out on purpose (on_tombstone = ignore)
+    filtered: int = 0              # tombstones and deletes left out on purpose (on_tombstone = ignore); heartbeats
+    #                                and schema-change events (no rows)
+    truncated: int = 0             # truncates applied (counted deleted)
 
     def account(self, rows: StagedRows, duplicate_tombs: int, deleting: bool) -> "TypedResult":
         """Fill in superseded, deleted and filtered from what was staged, claimed and written."""
@@ -139,7 +178,8 @@ class TypedResult:
         if deleting:
             self.deleted = tombs
         else:
-            self.filtered = tombs
+            self.deleted, self.filtered = self.truncated, tombs - self.truncated
+        self.filtered += sum(rows.skipped.values())
         return self
 
 
@@ -163,7 +203,14 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
             result.duplicates, duplicate_tombs = await conn.fetchrow(target.claim_sql(window.sql), *claims.args)
             if result.duplicates == rows.count:
                 return result.account(rows, duplicate_tombs, deleting)
-    statements = target.write_sql()
+    if rows.truncates:
+        await _truncate(conn, target, rows, result, window is not None)
+    keeping = bool(rows.keeps) and target.mapping.mode == "upsert"
+    if keeping:
+        await conn.execute(_KEEP_DDL)
+        await conn.execute(f"DELETE FROM {KEEP}")  # an earlier part of this transaction's
+        await conn.copy_records_to_table(KEEP, records=rows.keeps, columns=("seq", "col"))
+    statements = target.write_sql(keeping)
     seqs: list[int] | None = None
 
     async def attempt(lo: int, hi: int) -> int:
@@ -196,11 +243,26 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
     return result.account(rows, duplicate_tombs, deleting)
 
 
+async def _truncate(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, result: TypedResult,
+                    claimed: bool) -> None:
+    """The truncates staged that are not duplicates: the table emptied, and the staged rows before the last one
+    dropped (they would have been deleted by it); ``result.truncated`` counts them."""
+    if claimed:  # a truncate claimed before was applied then: never again
+        live, last = await conn.fetchrow(f"SELECT count(*), max(seq) FROM {target.stage} WHERE seq = ANY($1::integer[])",
+                                         rows.truncates)
+    else:
+        live, last = len(rows.truncates), max(rows.truncates)
+    if live:
+        result.truncated = live
+        await conn.execute(target.truncate_sql())
+        await conn.execute(f"DELETE FROM {target.stage} WHERE seq < $1", last)
+
+
 async def written_rows(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, result: TypedResult) -> list:
     """The staged rows a ``--handler`` is given: those this transaction writes. A duplicate (its key claimed
     before) and a row Postgres refused are left out, so the handler's own writes apply once per record."""
     kept = rows.kept
-    if not result.duplicates and not result.rejected:
+    if not result.duplicates and not result.rejected and not result.truncated:
         return kept
     alive = {r["seq"] for r in await conn.fetch(f"SELECT seq FROM {target.stage}")}
     alive -= {seq for seq, *_ in result.rejected}
