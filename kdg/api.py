@@ -95,7 +95,7 @@ def consume(topic: str | list[str] | None = None, *, group: str, guarantee: str 
             topic_pattern: str | None = None, sink: str = "postgres", table: str | None = None,
             columns: list[str] | None = None, mapping: str | Path | None = None, mode: str | None = None,
             create_table: bool = False, on_tombstone: str | None = None, envelope: str | None = None,
-            value_format: str | None = None, key_format: str | None = None,
+            on_truncate: str | None = None, value_format: str | None = None, key_format: str | None = None,
             schema_registry: str | None = None, format: str = "text", id_from: str | None = None,
             count: int | None = None, until_end: bool = False, idle_timeout: float | None = None,
             offset: str = "stored", batch_size: int = 5_000, batch_ms: int = 100,
@@ -158,8 +158,8 @@ def consume(topic: str | list[str] | None = None, *, group: str, guarantee: str 
 
 
 def _consume_request(*, topic, group, guarantee, topic_pattern, sink, table, columns, mapping, mode, create_table,
-                     on_tombstone, envelope, value_format, key_format, schema_registry, format, id_from, count,
-                     until_end, idle_timeout, offset, batch_size, batch_ms, max_bytes, handler, transform,
+                     on_tombstone, envelope, on_truncate, value_format, key_format, schema_registry, format, id_from,
+                     count, until_end, idle_timeout, offset, batch_size, batch_ms, max_bytes, handler, transform,
                      transactional_id, pg_wait, pipeline, pipeline_depth, dedup_retention, max_dead_letters,
                      shutdown_timeout, wait_timeout, metrics_port, metrics_host, bootstrap_servers, pg_dsn,
                      properties, profile, stop, progress, notice) -> "ConsumeRequest":
@@ -188,7 +188,7 @@ def _consume_request(*, topic, group, guarantee, topic_pattern, sink, table, col
     typed = build_mapping(file=Path(mapping) if mapping is not None else None, columns=columns,
                           table=PLACEHOLDER_TABLE if template else table, mode=mode, on_tombstone=on_tombstone,
                           create_table=create_table, envelope=envelope, value_format=value_format,
-                          key_format=key_format)  # a bad mapping is refused now
+                          key_format=key_format, on_truncate=on_truncate)  # a bad mapping is refused now
     kind = sink.partition(":")[0]
     value_format = checked_formats(value_format, key_format, typed, "" if kind == "stdout" or (id_from or "").startswith(
         "json:") else f"the {kind} sink keeps each value's bytes as they are; decoding is for a typed sink "

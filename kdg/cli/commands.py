@@ -10,8 +10,8 @@ from kdg.checks import check_lifecycle as _check_lifecycle, check_min as _check_
 from kdg.checks import sink_table as _sink_table
 from kdg.cli import app
 from kdg.cli.options import (Bootstrap, ChunkRows, Columns, CreateTable, DedupRetention, Envelope, Json, KeyFormat,
-                             MappingFile, MetricsHost, MetricsPort, Mode, OnTombstone, PgDsn, Profile, Properties,
-                             SchemaRegistry, ShutdownTimeout, SinkTable, SparkConf, SparkIdFrom, SparkMaster,
+                             MappingFile, MetricsHost, MetricsPort, Mode, OnTombstone, OnTruncate, PgDsn, Profile,
+                             Properties, SchemaRegistry, ShutdownTimeout, SinkTable, SparkConf, SparkIdFrom, SparkMaster,
                              StateDir, ValueFormat, WaitTimeout)
 from kdg.cli.render import console, err_console, key_value_table, plain, print_json
 from kdg.errors import CheckFailed, UsageError
@@ -166,7 +166,7 @@ def consume(
     sink: Annotated[str, typer.Option(help="postgres | kafka:OUT_TOPIC | stdout.")] = "postgres",
     table: SinkTable = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
-    on_tombstone: OnTombstone = None, envelope: Envelope = None,
+    on_tombstone: OnTombstone = None, envelope: Envelope = None, on_truncate: OnTruncate = None,
     value_format: ValueFormat = None, key_format: KeyFormat = None, schema_registry: SchemaRegistry = None,
     fmt: Annotated[str, typer.Option("--format", help="stdout sink: text or json envelope lines.")] = "text",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD, "
@@ -228,7 +228,8 @@ def consume(
         report = _run_with_bar(bar, lambda _: consume_topics(
             topics, group=group, guarantee=guarantee, topic_pattern=topic_pattern, sink=sink, table=table,
             columns=column, mapping=mapping, mode=mode, create_table=create_table, on_tombstone=on_tombstone,
-            envelope=envelope, value_format=value_format, key_format=key_format, schema_registry=schema_registry,
+            envelope=envelope, on_truncate=on_truncate, value_format=value_format, key_format=key_format,
+            schema_registry=schema_registry,
             format=fmt, id_from=id_from, count=count, until_end=exit_at_end, idle_timeout=idle_timeout,
             offset=offset, batch_size=batch_size, batch_ms=batch_ms, max_bytes=max_bytes, handler=handler,
             transform=transform, transactional_id=transactional_id, pg_wait=pg_wait, pipeline=pipeline,

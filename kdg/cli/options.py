@@ -39,6 +39,9 @@ Envelope = Annotated[Optional[str], typer.Option(
 OnTombstone = Annotated[Optional[str], typer.Option(
     "--on-tombstone", help="Typed sink, a record with a null value: dead-letter (the default), delete (by key) or "
     "ignore.")]
+OnTruncate = Annotated[Optional[str], typer.Option(
+    "--on-truncate", help="Typed sink, --envelope debezium, a truncate (op t): dead-letter (the default) or apply "
+    "(every row deleted, in record order, inside the batch's transaction).")]
 
 # exactly-once into Postgres: how long a sink table's claims are kept (kdg.retention)
 DedupRetention = Annotated[Optional[str], typer.Option(

@@ -22,8 +22,8 @@ from pathlib import Path
 from kdg.errors import UsageError
 from kdg.flow.routes import Route, Router
 
-_MAPPING_KEYS = ("mode", "key", "on_tombstone", "create_table", "envelope", "value_format", "key_format",
-                 "columns", "evolve")
+_MAPPING_KEYS = ("mode", "key", "on_tombstone", "on_truncate", "create_table", "envelope", "value_format",
+                 "key_format", "columns", "extra_columns", "evolve")
 ROUTE_KEYS = ("name", "topics", "topic_pattern", "table", "mapping", "id_from", "transform", "into", *_MAPPING_KEYS)
 PLACEHOLDER_TABLE = "kdg_route_table"  # a typed route's mapping is built with this; the template fills it
 
@@ -120,9 +120,11 @@ def _mapping(path: Path, where: str, entry: dict):
 
     columns = inline.get("columns", {})
     from_schema = columns == "from-schema"
+    if "extra_columns" in inline and not from_schema:
+        raise UsageError(f'{where}: extra_columns go with columns = "from-schema" (list them in [route.columns])')
     if from_schema:
-        columns = {}
-    elif not isinstance(columns, dict):
+        columns = inline.get("extra_columns", {})  # source:ts_ms and the like, besides the schema's
+    if not isinstance(columns, dict):
         raise UsageError(f"{where}: columns must be \"from-schema\" or a table [route.columns] of "
                          "NAME = {{ type = …, from = … }}")
     specs = []
@@ -135,6 +137,7 @@ def _mapping(path: Path, where: str, entry: dict):
     try:
         return build_mapping(file=path.parent / entry["mapping"] if "mapping" in entry else None, columns=specs,
                              table=PLACEHOLDER_TABLE, mode=inline.get("mode"), on_tombstone=inline.get("on_tombstone"),
+                             on_truncate=inline.get("on_truncate"),
                              create_table=bool(inline.get("create_table", False)), key=key,
                              envelope=inline.get("envelope"), value_format=inline.get("value_format"),
                              key_format=inline.get("key_format"), from_schema=from_schema,
