@@ -15,22 +15,25 @@ from kdg.store.claims import prepare_claims
 
 # As claims.CLAIM, from arrays rather than a staged table, each claim marked filtered. $1 the sink table's
 # identity, $2 the time a key without one is claimed at, $3 the window's horizon (a key below it: no claim),
-# $4..$7 the keys, topics, partitions and offsets. A key claimed already (a row was written for it, or it
-# was filtered before) keeps its claim.
+# $4..$8 the keys, their times (as kdg.store.windows.keys_ms reads them: NULL for a key without one), topics,
+# partitions and offsets. A key claimed already (a row was written for it, or it was filtered before) keeps
+# its claim.
 MARK = """INSERT INTO {claims} (sink_table, idempotency_key, key_ms, topic, "partition", "offset", filtered)
-          SELECT $1, f.k, coalesce(kdg_key_ms(f.k), $2), f.topic, f.p, f.o, true
-          FROM unnest($4::text[], $5::text[], $6::int[], $7::bigint[]) AS f(k, topic, p, o)
-          WHERE ($3::bigint IS NULL OR coalesce(kdg_key_ms(f.k), $2) >= $3)
-            AND (kdg_key_ms(f.k) IS NOT NULL OR NOT EXISTS (
+          SELECT $1, f.k, coalesce(f.ms, $2), f.topic, f.p, f.o, true
+          FROM unnest($4::text[], $5::bigint[], $6::text[], $7::int[], $8::bigint[]) AS f(k, ms, topic, p, o)
+          WHERE ($3::bigint IS NULL OR coalesce(f.ms, $2) >= $3)
+            AND (f.ms IS NOT NULL OR NOT EXISTS (
                  SELECT 1 FROM {claims} d WHERE d.sink_table = $1 AND d.idempotency_key = f.k))
           ON CONFLICT DO NOTHING"""
 
 
 async def mark_filtered(store, filtered: list[tuple[TableName, list[tuple]]]) -> None:
     """Inside the batch's transaction: claim, marked filtered, each ``(key, topic, partition, offset)`` of each
-    table's list (``filtered``: ``(table identity, records)`` per table)."""
+    table's list (``filtered``: ``(table identity, records)`` per table). One statement a table, after the
+    window's horizon is held (:func:`~kdg.store.claims.prepare_claims`)."""
     for table, keyed in filtered:
         window = await store._claim_window(table)
-        claims = await prepare_claims(store.conn, window, [k for k, *_ in keyed])
-        columns = list(zip(*keyed))
-        await store.conn.execute(MARK.format(claims=window.sql), *claims.args, *columns)
+        keys, topics, partitions, offsets = zip(*keyed)
+        claims = await prepare_claims(store.conn, window, list(keys))
+        await store.conn.execute(MARK.format(claims=window.sql), *claims.args, keys, claims.times, topics,
+                                 partitions, offsets)
