@@ -13,7 +13,7 @@ from datetime import datetime
 from decimal import Decimal
 
 import pytest
-from cdc_source import (TABLES, _simulate, decode_decimal, decode_micro_timestamp, encode_decimal,
+from cdc_source import (TABLES, UNAVAILABLE, _simulate, decode_decimal, decode_micro_timestamp, encode_decimal,
                         encode_micro_timestamp, final_state, generate, mapping_toml, produce, topic_of)
 from conftest import as_json
 
@@ -59,6 +59,33 @@ def test_each_event_is_shaped_as_debeziums_json_converter_writes_it():
     assert orders["total"]["name"] == "org.apache.kafka.connect.data.Decimal"
     assert orders["total"]["parameters"] == {"scale": "2", "connect.decimal.precision": "12"}
     assert (orders["placed_at"]["type"], orders["placed_at"]["name"]) == ("int64", "io.debezium.time.MicroTimestamp")
+
+
+def test_truncates_placeholders_and_a_new_column_are_sent_as_debezium_sends_them_and_read_back_exactly():
+    """With every option: order_lines is truncated once (op t, no key, no rows); customers' unchanged TOASTed bio
+    and avatar come as the placeholder (the bytes column: its base64), never in a create; loyalty_tier is in the
+    schema from halfway on. The final state read back from the events is still the source's own."""
+    events, truth = _simulate(seed=5, per_table=1000, server="shop", toast=True, truncate=True, loyalty_tier=True)
+    finals = final_state(events)
+    for table, rows in truth.items():
+        assert finals[table] == {i: {**dict.fromkeys(finals[table][i]), **row} for i, row in rows.items()}, table
+    truncates = [(t, k, json.loads(v)["payload"]) for t, k, v in events if v and b'"op":"t"' in v]
+    assert [(t, k, p["before"], p["after"]) for t, k, p in truncates] == [("order_lines", None, None, None)]
+    placeholders = Counter()
+    tiered = False
+    for table, _, value in events:
+        if table != "customers" or value is None:
+            continue
+        payload = json.loads(value)["payload"]
+        after = payload["after"] or {}
+        placeholders.update(f for f, v in after.items() if v in (UNAVAILABLE, "X19kZWJleml1bV91bmF2YWlsYWJsZV92YWx1ZQ=="))
+        assert payload["op"] == "u" or UNAVAILABLE not in value.decode()
+        fields = [f["field"] for f in json.loads(value)["schema"]["fields"][1]["fields"]]
+        assert tiered <= ("loyalty_tier" in fields)  # once there, it stays
+        tiered = "loyalty_tier" in fields
+    assert tiered and placeholders["bio"] > 50 and placeholders["avatar"] > 50, placeholders
+    plain = generate(5, per_table=300)  # none of it unless asked
+    assert all(k is not None for _, k, _ in plain) and not any(v and UNAVAILABLE.encode() in v for _, _, v in plain)
 
 
 @pytest.mark.parametrize(("value", "scale", "sent"), [

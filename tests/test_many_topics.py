@@ -4,6 +4,7 @@ import json
 import signal
 import time
 import uuid
+from datetime import datetime, timezone
 
 import cdc_source
 from confluent_kafka import Producer
@@ -47,21 +48,30 @@ def test_a_pattern_reads_a_topic_created_later_and_keeps_positions_it_has(kdg, k
 
 def test_a_cdc_replica_of_three_tables_is_exact_through_a_kill_inside_the_transaction(kdg, conn, group, tmp_path):
     """One route, one pattern, a {source.table} template and columns from the events' schema: three Debezium
-    topics into three tables in one process. Killed inside a multi-table transaction, restarted: every table
-    equals its source. The same fault under at-least-once, rows inserted as they come, writes duplicates."""
+    topics into three tables in one process, as Debezium really sends them: customers gains loyalty_tier halfway
+    (evolve = add-columns), its unchanged TOASTed bio and avatar come as the unavailable-value placeholder,
+    order_lines is truncated halfway (on_truncate = apply), each row's source.ts_ms is mapped to a column, and the
+    pattern takes the connector's heartbeat topic too. Killed inside a multi-table transaction, restarted: every
+    table equals its source's final state. The same fault under at-least-once, rows inserted as they come,
+    writes duplicates."""
     prefix = f"shop{uuid.uuid4().hex[:6]}"
-    events = cdc_source.generate(seed=3)  # ~1,000 events a table: a snapshot, creates, updates, deletes, tombstones
+    # ~1,000 events a table: a snapshot, creates, updates, deletes, tombstones; a truncate, placeholders, a new column
+    events = cdc_source.generate(seed=3, toast=True, truncate=True, loyalty_tier=True)
     cdc_source.produce(conn.bootstrap_servers, prefix, events)
-    finals = cdc_source.final_state(events)
+    finals, sources = cdc_source.final_state(events), cdc_source.last_sources(events)
     pipeline = tmp_path / "replica.toml"
     pipeline.write_text(f"""[[route]]
 name = "replica"
-topic_pattern = '{prefix}\\.public\\..*'
+topic_pattern = '{prefix}\\..*'
 table = "{prefix}_{{source.table}}"
 envelope = "debezium"
 columns = "from-schema"
+evolve = "add-columns"
+on_truncate = "apply"
 create_table = true
 id_from = "offset"
+[route.extra_columns]
+synced_at = {{ type = "timestamptz", from = "source:ts_ms" }}
 """)
     # small fetches: a batch holds records of every topic, so the kill lands in a transaction of three tables
     run = ("consume", "--pipeline", pipeline, "-G", group, "-g", "exactly-once", "-o", "beginning", "-e",
@@ -71,12 +81,22 @@ id_from = "offset"
     fault = {"KDG_FAULT": "after-process-before-commit@4"}
     crashed = kdg(*run, env=fault, check=False)
     assert crashed.returncode == -signal.SIGKILL, crashed.stderr
-    report = as_json(kdg(*run))
+    # the heartbeat topic (topic.heartbeat.prefix = PREFIX.heartbeat) appears meanwhile; the pattern takes it
+    cdc_source.produce_heartbeats(conn.bootstrap_servers, prefix, 5, heartbeat_prefix=f"{prefix}.heartbeat")
+    done = kdg(*run)
+    report = as_json(done)
     assert report["dead_lettered"] == 0 and len(report["tables"]) == 3, report
+    assert report["skipped_events"] == {"heartbeat": 5} and report["unavailable_values"] > 0, report
+    # loyalty_tier is added by this run, or was by the killed one (whose report is lost); nothing else changes
+    assert {c["column"] for c in report["schema_changes"]} <= {"loyalty_tier"}, report
+    assert "Debezium heartbeat events skipped" in done.stderr and "unavailable-value placeholder" in done.stderr
     with Store(conn.pg_dsn) as store:
         for table, final in finals.items():
             rows = {r["id"]: dict(r) for r in store.fetch(f'SELECT * FROM "{prefix}_{table}"')}
-            assert rows == final, table
+            synced = {i: datetime.fromtimestamp(sources[table][i]["ts_ms"] / 1000, timezone.utc) for i in final}
+            assert rows == {i: {**row, "synced_at": synced[i]} for i, row in final.items()}, table
+    assert finals["customers"] and all("loyalty_tier" in r and r["bio"] for r in finals["customers"].values())
+    assert any(r["loyalty_tier"] for r in finals["customers"].values())
 
     alo = tmp_path / "alo.toml"  # the generic table: every event a row, keyed by its offset
     alo.write_text(f"[[route]]\ntopic_pattern = '{prefix}\\.public\\.(.*)'\ntable = \"{prefix}_alo_{{1}}\"\n"
