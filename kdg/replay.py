@@ -139,9 +139,8 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
         routes.check(ranges)  # every topic routed before any table is made
         for topic in ranges:  # tables checked (or created) and claim windows decided before Spark starts
             routes.prepare(topic)
-            if policy.dedup:
-                _check_window(req, topic, policy.isolation_level, routes.windows[routes.table(topic)], ranges[topic],
-                              store)
+            for table in routes.tables(topic) if policy.dedup else ():  # a fan-out's: each of its tables
+                _check_window(req, topic, policy.isolation_level, routes.windows[table], ranges[topic], store)
         if req.on_range:
             req.on_range(ranges)
         record_first = policy.commit_mode is CommitMode.BEFORE_PROCESSING
@@ -167,7 +166,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
         for name in (*_COUNTS, "tasks", "spark_start_s", "duration_s"):
             setattr(report, name, totals[name])
         for topic, counts in totals["per_topic"].items():
-            entry = report.tables[routes.table(topic)]
+            entry = routes.tables_entry(topic, report.tables)
             for name in _COUNTS:
                 entry[name] += counts[name]
         report.rows_per_s = round(report.rows_read / report.duration_s, 1) if report.duration_s else 0.0
@@ -182,7 +181,7 @@ def _report(req: ReplayRequest, policy, routes, ranges: dict[str, Ranges], repla
     shown = {(str(p) if one else f"{t}/{p}"): {"from": s, "to": e}
              for t, r in ranges.items() for p, (s, e) in r.items()}
     report = ReplayReport(",".join(str(i) for i in replay_ids.values()), policy.guarantee.value, ",".join(ranges),
-                          req.group, ",".join(dict.fromkeys(routes.table(t) for t in ranges)),
+                          req.group, ",".join(dict.fromkeys(routes.shown(t) for t in ranges)),
                           shown, recorded="before writing" if record_first else "after writing")
     for topic, r in ranges.items():
         entry = routes.tables_entry(topic, report.tables)

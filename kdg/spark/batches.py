@@ -75,8 +75,7 @@ class MicroBatches:
         fence on each of ``partitions`` it has none on yet."""
         self.hold([topic])
         self.routes.prepare(topic)
-        self.routes.tables_entry(topic, self.report.tables)
-        entry = self.report.tables[self.routes.table(topic)]
+        entry = self.routes.tables_entry(topic, self.report.tables)
         if topic not in entry["topics"]:
             entry["topics"].append(topic)
             entry.update({k: entry.get(k, 0) for k in COUNTS})
@@ -172,7 +171,7 @@ class MicroBatches:
         for name in COUNTS[1:]:
             setattr(r, name, getattr(r, name) + totals[name])
         for topic, counts in totals["per_topic"].items():
-            entry = r.tables[self.routes.table(topic)]
+            entry = self.routes.tables_entry(topic, r.tables)
             for name in COUNTS:
                 entry[name] += counts[name]
         if self.req.on_batch is None:

@@ -3,15 +3,16 @@
 On the driver, :func:`check_logic` imports each function once (one that cannot be imported is a usage
 error, exit 2, before anything is read) and notes the folder each module was found in. An executor's
 Python worker imports the function again by its ``module:function`` name, with that folder first on its
-``sys.path``: on the local master it is this machine's; on a cluster, :func:`module_roots` says what to
-ship (:meth:`kdg.spark.session.SparkRun.ship_modules`). A function given as an object (the Python API) is
-pickled with the task.
+``sys.path``: on the local master it is this machine's; off it, :func:`module_roots` says what to ship
+with kdg itself (:meth:`kdg.spark.session.SparkRun.ship_package`). A function given as an object (the Python
+API) is pickled with the task.
 
-:func:`write_with_logic` is the executors' write of a task that has either: each record through its route's
-transform (:func:`kdg.flow.transform.fan_out`, `kdg consume`'s code: a dict, a list of dicts keyed
-``KEY#i``, None filtered, an exception dead-lettered with ``kdg-error-type`` / ``kdg-error-message``), then
-each chunk in ONE transaction of the store's unit (:meth:`kdg.store.unit.UnitMixin.write_unit`), which calls
-the handler with the rows that transaction writes (never a duplicate it suppressed).
+:func:`write_with_logic` is the executors' write of a task with a transform, a handler or a fan-out: each
+record through its route's transform (a fan-out's: each route's) with `kdg consume`'s code
+(:func:`kdg.flow.transform.fan_out`: a dict, a list of dicts keyed ``KEY#i``, None filtered, an exception
+dead-lettered with ``kdg-error-type`` / ``kdg-error-message``), then each chunk of whole records in ONE
+transaction of the store's unit (:meth:`kdg.store.unit.UnitMixin.write_unit`) holding every route's table,
+which calls the handler with the rows that transaction writes (never a duplicate it suppressed).
 """
 
 import importlib.util
@@ -78,70 +79,84 @@ def user_function(spec, option: str, roots: tuple[str, ...]):
         raise UsageError(f"{exc} (on a Spark executor: the module must be importable there too)") from None
 
 
-def _transform(spec):
-    """The task's route's :class:`~kdg.flow.transform.Transform`, decoding as `kdg consume` does (its mapping's
-    formats, else the command's value format and JSON keys)."""
-    from kdg.flow.transform import Transform
-    from kdg.schemas.codecs import optional_decoder
+class _Output:
+    """One route a task's records go to: its spec, its transform and (a typed route) its row maker."""
 
-    fn = user_function(spec.transform, "--transform", spec.roots)
-    if fn is None:
-        return None
-    formats = (spec.typed.mapping.value_format, spec.typed.mapping.key_format) if spec.typed is not None else (
-        spec.value_format, "json")
-    return Transform(fn, *[optional_decoder(f, spec.registry) for f in formats])
+    def __init__(self, route: str | None, spec):
+        from kdg.flow.transform import Transform
+        from kdg.schemas.codecs import optional_decoder
+
+        self.route, self.spec, self.transform, self.maker = route, spec, None, None
+        fn = user_function(spec.transform, "--transform", spec.roots)
+        if fn is not None:  # decoded as `kdg consume` decodes: the mapping's formats, else the value format and JSON
+            formats = (spec.typed.mapping.value_format, spec.typed.mapping.key_format) if spec.typed is not None \
+                else (spec.value_format, "json")
+            self.transform = Transform(fn, *[optional_decoder(f, spec.registry) for f in formats])
+        if spec.typed is not None:
+            from kdg.mapping import RowMaker
+
+            self.maker = RowMaker(spec.typed.mapping, spec.registry)
+
+    def part(self, chunk: list, keep: bool):
+        """This route's share of a chunk, ``(record, key)`` each, as the store's :class:`~kdg.store.unit.Part`."""
+        from kdg.flow.transform import as_value
+        from kdg.settings import table_name
+        from kdg.store.rows import SinkRows, sink_row
+        from kdg.store.unit import Part
+
+        if self.maker is not None:
+            return Part(self.spec.typed.mapping.table, self.maker.staged(chunk, keep=keep), self.spec.typed)
+        return Part(table_name(self.spec.table), SinkRows.of(
+            [sink_row(rec, key) if rec.row is None else sink_row(_with_value(rec, as_value(rec)), key)
+             for rec, key in chunk]))
 
 
 def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
-    """A task's records through the route's transform, its chunks written with the handler in their transaction;
-    the task's counts (:data:`kdg.spark.writer.SUMMARY_COUNTS`)."""
+    """A task's records through its route's transform (a fan-out's: each route's), each chunk of whole records
+    written in one transaction of the store's unit, every route's table in it, with the handler; the task's
+    counts (:data:`kdg.spark.writer.SUMMARY_COUNTS`)."""
     from kdg import faults
-    from kdg.flow.transform import as_value, fan_out
+    from kdg.flow.transform import fan_out
     from kdg.records import Record
-    from kdg.settings import table_name
     from kdg.sinks.dead_letters import refused_row
     from kdg.spark.writer import SUMMARY_COUNTS, _keys, _LazyDeadLetters, _records
     from kdg.store.pg import Store
-    from kdg.store.rows import SinkRows, sink_row
-    from kdg.store.unit import Part
 
-    transform, handler = _transform(spec), user_function(spec.handler, "--handler", spec.roots)
-    maker = None
-    if spec.typed is not None:
-        from kdg.mapping import RowMaker
-
-        maker = RowMaker(spec.typed.mapping, spec.registry)
+    outputs = [_Output(route, s) for route, s in spec.fans] if spec.fans else [_Output(None, spec)]
+    by_route = {o.route: o for o in outputs}
+    fanning = [(o.route, o.transform) for o in outputs]
+    plain = len(outputs) == 1 and outputs[0].transform is None  # a handler alone: the records as they are
+    handler = user_function(spec.handler, "--handler", spec.roots)
     dlq, fill = _LazyDeadLetters(spec.dead_letters), _keys(spec)
     totals = dict.fromkeys(SUMMARY_COUNTS, 0)
     seen: set[str] = set()
     pending: list[tuple[Record, str]] = []
     dead: list[tuple] = []
     with Store(spec.dsn) as store:
-        def flush(chunk: list) -> None:
+        def flush(rows: list) -> None:
             dlq.send(dead)  # durable before the rows that account for them commit
             totals["dead_lettered"] += len(dead)
             dead.clear()
-            if not chunk:
+            shares: dict = {}
+            for pair in rows:
+                shares.setdefault(pair[0].route, []).append(pair)
+            if not shares:
                 return
-            if maker is not None:
-                part = Part(spec.typed.mapping.table, maker.staged(chunk, keep=handler is not None), spec.typed)
-            else:
-                part = Part(table_name(spec.table), SinkRows.of(
-                    [sink_row(rec, key) if rec.row is None else sink_row(_with_value(rec, as_value(rec)), key)
-                     for rec, key in chunk]))
+            parts = [(by_route[route].part(chunk, handler is not None), chunk) for route, chunk in shares.items()]
 
             def dead_letter(part, result) -> None:  # inside the transaction: durable before it commits
+                chunk = next(c for p, c in parts if p is part)
                 found = (part.rows.dead if part.target is not None else []) + [
                     refused_row(*chunk[seq], state, message) for seq, state, message in result.rejected]
                 dlq.send(found)
                 totals["dead_lettered"] += len(found)
 
-            [result] = store.write_unit([part], spec.group, claim=spec.dedup, handler=handler,
-                                        dead_letter=dead_letter)
-            for name, got in (("rows_written", result.written), ("duplicates_dropped", result.duplicates),
-                              ("superseded", result.superseded), ("deleted", result.deleted),
-                              ("filtered", result.filtered)):
-                totals[name] += got
+            for result in store.write_unit([p for p, _ in parts], spec.group, claim=spec.dedup, handler=handler,
+                                           dead_letter=dead_letter):
+                for name, got in (("rows_written", result.written), ("duplicates_dropped", result.duplicates),
+                                  ("superseded", result.superseded), ("deleted", result.deleted),
+                                  ("filtered", result.filtered)):
+                    totals[name] += got
             totals["chunks"] += 1
             if fault_armed:
                 faults.reach("spark-task-mid-write")
@@ -165,18 +180,28 @@ def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
                         continue
                     seen.add(key)
                 pairs.append((rec, key))
-            if transform is None:
+            if plain:
                 pending += pairs
             else:
-                filtered, extra = fan_out(pairs, [(None, transform)], pending, dead)
+                filtered, extra = fan_out(pairs, fanning, pending, dead)
                 totals["filtered"] += filtered
                 totals["exploded"] += extra
             while len(pending) >= spec.chunk_rows:
-                flush(pending[:spec.chunk_rows])
-                del pending[:spec.chunk_rows]
+                cut = _record_end(pending, spec.chunk_rows)
+                flush(pending[:cut])
+                del pending[:cut]
         if pending or dead:
             flush(pending)
     return totals
+
+
+def _record_end(rows: list, at: int) -> int:
+    """Where a chunk of ``rows`` may end at or after ``at``: never between two rows of one record (a fan-out's
+    or an explode's rows are written in one transaction, as `kdg consume` writes them)."""
+    last = rows[at - 1][0]
+    while at < len(rows) and (rows[at][0].partition, rows[at][0].offset) == (last.partition, last.offset):
+        at += 1
+    return at
 
 
 def _with_value(rec, value: bytes | None):

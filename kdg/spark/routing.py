@@ -5,11 +5,12 @@ topic gets one :class:`~kdg.spark.writer.WriteSpec`: its route's table (created,
 route's mapping), its dead-letter topic (``TOPIC.dlq``) and, under exactly-once, the table's claim
 window, decided once per table. Executors pick their task's topic's spec from a
 :class:`~kdg.spark.writer.RoutedSpec`; Spark's Kafka source gives each task one topic-partition, so a
-task writes one table.
+task writes one route's table (a fan-out's: its routes' tables).
 
-A route's ``transform`` and the ``--handler`` run on the executors (:mod:`kdg.spark.logic`), imported here
-first. A ``{source.table}`` template (a table read from each event) and a fan-out (``[[route.into]]``: one
-record into several tables) are ``kdg consume``'s only, for now.
+A fan-out's topic (``[[route.into]]``) gets one WriteSpec per route, its tasks writing every route's table in
+one transaction per chunk. A route's ``transform`` and the ``--handler`` run on the executors
+(:mod:`kdg.spark.logic`), imported here first. A ``{source.table}`` template (a table read from each event)
+is ``kdg consume``'s only, for now.
 """
 
 import re
@@ -21,8 +22,8 @@ from kdg.flow.routes import Router, command_line_router
 def spark_router(topics: list[str], pattern: str | None, table: str | None, mapping, id_from: str | None,
                  routes: Router | None = None, transform=None, handler=None) -> Router:
     """The routes of a Spark command: ``--pipeline``'s, or the command line as one route (``--table`` may be a
-    template, ``mt_{topic}``; ``transform``: its ``--transform``); refused here: no topic at all, a fan-out, a
-    table read from each event, or a transform or ``handler`` that cannot be imported."""
+    template, ``mt_{topic}``; ``transform``: its ``--transform``); refused here: no topic at all, a table read
+    from each event, or a transform or ``handler`` that cannot be imported."""
     from kdg.spark.logic import check_logic
 
     if transform is not None and routes is not None:
@@ -30,10 +31,6 @@ def spark_router(topics: list[str], pattern: str | None, table: str | None, mapp
                          "transform = \"module:function\"")
     router = command_line_router(topics, pattern, table, mapping, id_from, routes, transform)
     for route in router.routes:
-        if route.fan is not None:
-            raise UsageError(f"{route.name}: a fan-out ([[route.into]]) writes one record into several tables, which "
-                             "kdg consume does, Spark not yet; give each table its own route and topic, or use kdg "
-                             "consume")
         if route.per_record:
             raise UsageError(f"{route.name}: table {route.table!r} is read from each event's source block, which only "
                              "kdg consume does for now; on Spark, name the table by {topic} or the pattern's groups")
@@ -97,18 +94,31 @@ class SparkRoutes:
         self._tables: dict = {}          # (route, table as routed) → (TypedTarget | None, identity)
 
     def check(self, topics) -> None:
-        """Each topic's route and table, refused (two routes, a bad name) before any table is made."""
-        for topic in topics:
-            self.router.target(topic)
+        """Each topic's routes and tables, refused (two routes, a bad name) before any table is made."""
+        self.router.resolve(topics)
 
     def prepare(self, topic: str):
-        """``topic``'s WriteSpec: its table made (or checked against the mapping) and its window decided, once."""
-        from kdg.replay import _id_from
-        from kdg.spark.writer import DeadLetterSpec, WriteSpec
+        """``topic``'s WriteSpec: its table made (or checked against the mapping) and its window decided, once. A
+        fan-out's topic: the first route's, holding every route's own spec in ``fans``."""
+        from dataclasses import replace
 
         if topic in self.specs:
             return self.specs[topic]
-        target = self.router.target(topic)
+        routes = self.router.fanned(topic)
+        if len(routes) == 1:
+            spec = self._spec(topic, None)
+        else:
+            fans = tuple((r.name, self._spec(topic, r.name)) for r in routes)
+            spec = replace(fans[0][1], fans=fans)
+        self.specs[topic] = spec
+        self.routes[topic] = routes[0].fan or routes[0].name
+        return spec
+
+    def _spec(self, topic: str, route: str | None):
+        from kdg.replay import _id_from
+        from kdg.spark.writer import DeadLetterSpec, WriteSpec
+
+        target = self.router.target(topic, route=route)
         made = (target.route.name, target.table)
         if made not in self._tables:
             if target.mapping is not None:
@@ -123,18 +133,27 @@ class SparkRoutes:
             self.windows[identity.text] = decide_dedup_window(self.store, self.conn, topic, identity,
                                                               self.dedup_retention, self.echo)
         kind, _ = _id_from(target.route.id_from)
-        spec = self.specs[topic] = WriteSpec(
+        return WriteSpec(
             self.conn.pg_dsn, identity.text, self.group, self.policy.dedup, self.chunk_rows, typed=typed,
             id_from=target.route.id_from if kind == "json" else None,
             value_format=typed.mapping.value_format if typed is not None else self.value_format,
             registry=self.conn.registry, transform=target.route.transform, handler=self.handler, roots=self.roots,
             dead_letters=DeadLetterSpec(self.policy.guarantee.value, self.conn.bootstrap_servers, topic,
                                         self.conn.extra, self.group))
-        self.routes[topic] = target.route.name
-        return spec
 
     def table(self, topic: str) -> str:
+        """``topic``'s table (a fan-out's: its first route's, where its replay is recorded)."""
         return self.specs[topic].table
+
+    def tables(self, topic: str) -> list[str]:
+        """Every table ``topic``'s records go to (a fan-out's: each route's)."""
+        spec = self.specs[topic]
+        return [s.table for _, s in spec.fans] if spec.fans else [spec.table]
+
+    def shown(self, topic: str) -> str:
+        """The report's name for where ``topic`` goes: its table, or a fan-out's tables joined by ``+`` (the
+        executors count per topic, so a fan-out's tables share one entry)."""
+        return "+".join(self.tables(topic))
 
     @property
     def typed(self) -> bool:
@@ -151,7 +170,7 @@ class SparkRoutes:
     def whole_records(self) -> bool:
         """The executors rebuild each record (its timestamp, its headers' bytes): a mapping, a transform or a
         handler reads them (:func:`kdg.spark.job.sink_rows`'s ``with_timestamp``)."""
-        return self.router.typed or self.handler is not None or any(r.transform is not None
+        return self.router.typed or self.handler is not None or any(r.transform is not None or r.fan is not None
                                                                     for r in self.router.routes)
 
     @property
@@ -166,5 +185,5 @@ class SparkRoutes:
         return RoutedSpec(dict(self.specs))
 
     def tables_entry(self, topic: str, entries: dict) -> dict:
-        """The report's entry of ``topic``'s table (made on first use)."""
-        return entries.setdefault(self.table(topic), {"route": self.routes[topic], "topics": []})
+        """The report's entry of ``topic``'s table (:meth:`shown`; made on first use)."""
+        return entries.setdefault(self.shown(topic), {"route": self.routes[topic], "topics": []})

@@ -58,11 +58,12 @@ class WriteSpec:
     transform: object = None               # the route's --transform: module:function (or a function)
     handler: object = None                 # --handler: module:function (or a function), in each chunk's transaction
     roots: tuple[str, ...] = ()            # where the driver found their modules (kdg.spark.logic)
+    fans: tuple = ()                       # a fan-out's topic: (route name, WriteSpec) of each of its routes
 
     @property
     def has_logic(self) -> bool:
-        """A transform or a handler: the task's records go through :mod:`kdg.spark.logic`."""
-        return self.transform is not None or self.handler is not None
+        """A transform, a handler or a fan-out: the task's records go through :mod:`kdg.spark.logic`."""
+        return self.transform is not None or self.handler is not None or bool(self.fans)
 
 
 @dataclass(frozen=True)
