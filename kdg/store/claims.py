@@ -15,7 +15,7 @@ import asyncpg
 
 from kdg.settings import TableName, table_name
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, SinkRows
-from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizon, keys_ms, now_ms
+from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizons, keys_ms, now_ms
 
 # Claim each staged key in its table's claim table (``kdg_dedup_<n>``, a partition of kdg_dedup); the
 # generic sink's fallback path (below) and the typed sink's TypedTarget.claim_sql use the same statement.
@@ -67,10 +67,12 @@ class Claims:
         return self.window.sink_table, self.now, self.window.horizon_ms
 
 
-async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[str]) -> Claims:
-    """Inside the batch's transaction: hold the horizon, make the partitions the keys need, and take the
-    table's lock for keys without a time (their look-up across partitions must not race another's)."""
-    await hold_horizon(conn, window)
+async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[str], held: bool = False) -> Claims:
+    """Inside the batch's transaction: hold the horizon (unless ``held``: :func:`hold_horizons` did, for every
+    table of the transaction), make the partitions the keys need, and take the table's lock for keys without a
+    time (their look-up across partitions must not race another's)."""
+    if not held:
+        await hold_horizons(conn, [window])
     claims = Claims(window, now_ms(), keys_ms(keys))
     times, horizon = claims.times, window.horizon_ms
     timeless = None in times
@@ -84,21 +86,38 @@ async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[st
 
 
 async def copy_claims(conn: asyncpg.Connection, claims: Claims, keyed) -> bool:
-    """Claim keys by COPY straight into the table's claim table, under a savepoint; False (nothing
-    claimed) if any key was claimed before or comes twice, or the batch is not :attr:`Claims.fast` —
-    then the caller claims through :data:`CLAIM`, in SQL.
+    """:func:`copy_all_claims` of one table's keys."""
+    return await copy_all_claims(conn, [(claims, keyed)])
 
-    The common case (every key new) costs one COPY instead of an INSERT … SELECT that returns each claim.
+
+async def copy_all_claims(conn: asyncpg.Connection, tables: list[tuple[Claims, object]]) -> bool:
+    """Claim keys by COPY straight into each table's claim table, all under one savepoint; False (nothing
+    claimed) if any key was claimed before or comes twice, or a table's batch is not :attr:`Claims.fast` —
+    then the caller claims through :data:`CLAIM`, in SQL. ``tables``: ``(claims, keyed)`` of each table.
+
+    The common case (every key new) costs one COPY a table instead of an INSERT … SELECT that returns each claim.
     """
-    if not claims.fast:
+    if not all(claims.fast for claims, _ in tables):
         return False
     try:
         async with conn.transaction():
-            await conn.copy_records_to_table(claims.window.relation, schema_name=claims.window.schema,
-                                             records=claims.rows(keyed), columns=DEDUP_COLUMNS)
+            for claims, keyed in tables:
+                await conn.copy_records_to_table(claims.window.relation, schema_name=claims.window.schema,
+                                                 records=claims.rows(keyed), columns=DEDUP_COLUMNS)
         return True
     except asyncpg.exceptions.UniqueViolationError:
         return False
+
+
+@dataclass
+class Claiming:
+    """One generic table's share of a batch on its way in: its claims, made by COPY (``copied``: its rows may go
+    in as they are), or still to be made in SQL as its rows go in."""
+
+    table: TableName
+    rows: SinkRows
+    claims: Claims
+    copied: bool = False
 
 
 class ClaimsMixin:
@@ -116,27 +135,37 @@ class ClaimsMixin:
 
         return self._run(write()) if rows else 0
 
-    async def _claim_and_insert(self, table: str | TableName, group: str, rows, claimed=None, written=None) -> int:
-        """Claim each row's key in ``kdg_dedup`` and insert the rows whose claim is new (inside a transaction).
-
-        Keys never claimed before (the common case) go in by COPY straight into ``kdg_dedup`` and
-        the sink. A key claimed earlier, or twice in ``rows``, breaks ``kdg_dedup``'s primary key;
-        the savepoint then rolls back and the ON CONFLICT path claims only what is new.
-        ``claimed()``, when given, is called once this batch's keys are claimed (before its rows go in).
-        ``written``, when given, gets ``(key, partition, offset)`` of each row inserted if not all of them were.
-        """
+    async def _claim_and_insert(self, table: str | TableName, group: str, rows, written=None) -> int:
+        """Claim each row's key in ``kdg_dedup`` and insert the rows whose claim is new (inside a transaction):
+        :meth:`_claim_tables` and :meth:`_insert_claimed` of one table. Returns rows inserted."""
         rows = SinkRows.of(rows)
         if not rows:
-            if claimed is not None:
-                claimed()
             return 0
-        table = table_name(table)
-        window = await self._claim_window(table)
-        claims = await prepare_claims(self.conn, window, rows.keys)
-        self.unclaimed += claims.outside
-        if await copy_claims(self.conn, claims, rows):
-            if claimed is not None:
-                claimed()
+        claiming, = await self._claim_tables([(table_name(table), rows)])
+        return await self._insert_claimed(claiming, group, written)
+
+    async def _claim_tables(self, tables: list[tuple[TableName, SinkRows]]) -> list[Claiming]:
+        """Claim the keys of every ``(table, rows)`` of a transaction: the horizons held in two statements, then
+        every table's claims by COPY under one savepoint (:func:`copy_all_claims`). Keys never claimed before
+        (the common case) are then claimed, and each table's rows may go in by COPY; a key claimed earlier, or
+        twice, rolls the savepoint back, and :meth:`_insert_claimed` claims in SQL only what is new."""
+        windows = [await self._claim_window(table) for table, _ in tables]
+        await hold_horizons(self.conn, windows)
+        found = []
+        for (table, rows), window in zip(tables, windows):
+            claims = await prepare_claims(self.conn, window, rows.keys, held=True)
+            self.unclaimed += claims.outside
+            found.append(Claiming(table, rows, claims))
+        if await copy_all_claims(self.conn, [(c.claims, c.rows) for c in found]):
+            for claiming in found:
+                claiming.copied = True
+        return found
+
+    async def _insert_claimed(self, claiming: Claiming, group: str, written=None) -> int:
+        """Insert a table's rows whose claim is new (:meth:`_claim_tables`); the count. ``written``, when given,
+        gets ``(key, partition, offset)`` of each row inserted if not all of them were."""
+        table, rows, claims = claiming.table, claiming.rows, claiming.claims
+        if claiming.copied:
             await self.conn.copy_records_to_table(table.name, schema_name=table.schema, records=rows.grouped(group),
                                                   columns=GROUP_SINK_COLUMNS)
             return len(rows)
@@ -145,7 +174,7 @@ class ClaimsMixin:
         # staged copy wins, and only the claimed (key, partition, offset) rows are inserted,
         # with the rows too old to be claimed.
         insert = f"""
-            WITH claimed AS ({CLAIM.format(claims=window.sql, stage="kdg_stage")})
+            WITH claimed AS ({CLAIM.format(claims=claims.window.sql, stage="kdg_stage")})
             INSERT INTO {table.sql} (idempotency_key, consumer_group, topic, "partition", "offset",
                                  key, value, headers)
             SELECT s.idempotency_key, $4, s.topic, s."partition", s."offset", s.key, s.value, s.headers
@@ -153,15 +182,10 @@ class ClaimsMixin:
                  AND c."partition" = s."partition" AND c."offset" = s."offset"
             WHERE c.idempotency_key IS NOT NULL OR {OUTSIDE}"""
         if written is None:
-            count = int((await self.conn.execute(insert, *claims.args, group)).split()[-1])
-        else:
-            found = await self.conn.fetch(insert + ' RETURNING idempotency_key, "partition", "offset"',
-                                          *claims.args, group)
-            written.update(map(tuple, found))
-            count = len(found)
-        if claimed is not None:
-            claimed()
-        return count
+            return int((await self.conn.execute(insert, *claims.args, group)).split()[-1])
+        found = await self.conn.fetch(insert + ' RETURNING idempotency_key, "partition", "offset"', *claims.args, group)
+        written.update(map(tuple, found))
+        return len(found)
 
     async def _claim_window(self, table: TableName) -> Window:
         """The table's claim window, read once per store and kept up to date by the claims themselves."""

@@ -43,13 +43,28 @@ class OffsetsMixin:
         return {(r["topic"], r["partition"]): r["next_offset"] for r in rows}
 
     async def _move_all_offsets(self, group, next_offsets, fences, expected=None) -> None:
-        """:meth:`_move_offsets` for ``{(topic, partition): next}`` of any topics, topic by topic in name order
-        (two connections moving the same topics lock their rows in one order)."""
-        for topic, parts in sorted(_by_topic(next_offsets).items()):
-            await self._move_offsets(group, topic, {p: next_offsets[topic, p] for p in parts},
-                                     {p: fences.get((topic, p), -1) for p in parts},
-                                     None if expected is None else
-                                     {p: expected[topic, p] for p in parts if (topic, p) in expected})
+        """:meth:`_move_offsets` for ``{(topic, partition): next}`` of any topics, in one statement (two when
+        chained: ``expected``), whatever the number of topics. Rows are taken in (topic, partition) order, so
+        two connections moving the same partitions lock them in one order."""
+        if not next_offsets:
+            return
+        tps = sorted(next_offsets)
+        topics, parts = [t for t, _ in tps], [p for _, p in tps]
+        if expected is not None:
+            held = {(r["topic"], r["partition"]): r for r in await self.conn.fetch(
+                """SELECT o.topic, o."partition", o.fence, o.next_offset
+                   FROM kdg_offsets o JOIN unnest($2::text[], $3::int[]) AS v(t, p)
+                        ON o.topic = v.t AND o."partition" = v.p
+                   WHERE o.consumer_group = $1 ORDER BY o.topic, o."partition" FOR UPDATE OF o""",
+                group, topics, parts)}
+            _chained(held, tps, fences, expected)
+        status = await self.conn.execute(
+            """UPDATE kdg_offsets o SET next_offset = v.next, updated_at = now()
+               FROM unnest($2::text[], $3::int[], $4::bigint[], $5::bigint[]) AS v(t, p, next, fence)
+               WHERE o.consumer_group = $1 AND o.topic = v.t AND o."partition" = v.p AND o.fence = v.fence""",
+            group, topics, parts, [next_offsets[tp] for tp in tps], [fences.get(tp, -1) for tp in tps])
+        if int(status.split()[-1]) != len(tps):
+            raise Fenced(f"partitions {_named(tps)} were reassigned; this consumer's batch was rolled back")
 
     def stored_offsets(self, group: str, topic: str) -> dict[int, int]:
         rows = self._run(self.conn.fetch(
@@ -77,15 +92,12 @@ class OffsetsMixin:
         ``FOR UPDATE`` waits for that batch's transaction on another connection and then reads what
         it left; a plain UPDATE's WHERE would have compared against the row as it was before.
         """
-        held = {r["partition"]: r for r in await self.conn.fetch(
+        held = {(topic, r["partition"]): r for r in await self.conn.fetch(
             """SELECT "partition", fence, next_offset FROM kdg_offsets
                WHERE consumer_group = $1 AND topic = $2 AND "partition" = ANY($3::int[])
                ORDER BY "partition" FOR UPDATE""", group, topic, parts)}
-        if any(p not in held or held[p]["fence"] != fences[p] for p in parts):
-            raise Fenced(f"partitions {parts} of {topic} were reassigned; this consumer's batch was rolled back")
-        if any(held[p]["next_offset"] != expected.get(p, held[p]["next_offset"]) for p in parts):
-            raise RetryBatch(f"the batch written before this one on partitions {parts} of {topic} did not "
-                             "commit; this one was rolled back to be read again")
+        _chained(held, [(topic, p) for p in parts], {(topic, p): f for p, f in fences.items()},
+                 {(topic, p): e for p, e in expected.items()})
 
     def move_forward(self, group: str, topic: str, next_offsets: dict[int, int], fences: dict[int, int]) -> None:
         """Store positions on their own, while ``fences`` still hold (a Spark stream's, after a micro-batch);
@@ -134,3 +146,18 @@ def _by_topic(tps) -> dict[str, list[int]]:
     for topic, partition in tps:
         found.setdefault(topic, []).append(partition)
     return found
+
+
+def _chained(held: dict, tps: list, fences: dict, expected: dict) -> None:
+    """Fenced if another consumer holds any of ``tps`` (``(topic, partition)``) now; RetryBatch if any does not hold
+    what the batch before this one stored there (``expected``: it rolled back)."""
+    if any(tp not in held or held[tp]["fence"] != fences.get(tp, -1) for tp in tps):
+        raise Fenced(f"partitions {_named(tps)} were reassigned; this consumer's batch was rolled back")
+    if any(held[tp]["next_offset"] != expected.get(tp, held[tp]["next_offset"]) for tp in tps):
+        raise RetryBatch(f"the batch written before this one on partitions {_named(tps)} did not commit; this "
+                         "one was rolled back to be read again")
+
+
+def _named(tps) -> str:
+    """``(topic, partition)`` pairs as a user reads them: ``t [0, 1], u [2]``."""
+    return ", ".join(f"{t} {parts}" for t, parts in _by_topic(tps).items())

@@ -237,10 +237,20 @@ def dropped_while_writing(window: Window) -> PostgresRefused:
 async def hold_horizon(conn, window: Window) -> None:
     """Inside a claiming transaction: read the horizon, holding it until commit (maintenance waits); the
     window read again if maintenance changed it since (a horizon raised, partitions cut or made)."""
-    await conn.execute("SELECT pg_advisory_xact_lock_shared($1, hashtext($2))", _HORIZON, window.relation)
-    # a statement of its own, so its snapshot is taken after the lock: it sees what maintenance committed
-    version = await conn.fetchval("SELECT updated_at FROM kdg_windows WHERE relation = $1", window.relation)
-    if version != window.version:
+    await hold_horizons(conn, [window])
+
+
+async def hold_horizons(conn, windows: list[Window]) -> None:
+    """:func:`hold_horizon` for the windows of every table a transaction claims in: two statements, however many."""
+    relations = sorted({w.relation for w in windows})
+    await conn.execute("SELECT pg_advisory_xact_lock_shared($1, hashtext(r)) FROM unnest($2::text[]) AS r",
+                       _HORIZON, relations)
+    # a statement of its own, so its snapshot is taken after the locks: it sees what maintenance committed
+    versions = dict(await conn.fetch("SELECT relation, updated_at FROM kdg_windows WHERE relation = ANY($1::text[])",
+                                     relations))
+    for window in windows:
+        if versions.get(window.relation) == window.version:
+            continue
         row = await conn.fetchrow(_WINDOW, window.relation)
         if row is None:  # forget_dropped, in another process: the claim table was dropped outside kdg
             raise dropped_while_writing(window)
