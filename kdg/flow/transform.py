@@ -87,27 +87,68 @@ class Transform:
         """``decode_value``/``decode_key``: the route's decoders (None: JSON, or the bytes where not JSON)."""
         self.fn, self._value, self._key = fn, decode_value or _json_or_bytes, decode_key
 
-    def rows(self, rec: Record, key: str, route: str | None = None, reuse: bool = False) -> list:
-        """The record's rows, ``(record, key)`` each, the row in ``record.row`` (none: filtered); :class:`Failed`
-        with its dead letter. ``reuse``: a single row is set on ``rec`` itself, not on a copy."""
+    def rows(self, rec: Record, key: str, route: str | None = None) -> list:
+        """The record's rows, ``(record, key)`` each, the row in a copy's ``record.row`` (none: filtered);
+        :class:`Failed` with its dead letter."""
         try:
             made = self.fn(TransformRecord(rec, self._value(rec.value) if rec.value is not None else None, key,
                                            self._key))
         except Exception as exc:  # the record's error, not the pipeline's: dead-lettered, the batch goes on
-            raise Failed((rec, f"transform raised {type(exc).__name__}: {exc}", key,
-                          [(ERROR_TYPE_HEADER, type(exc).__name__.encode()),
-                           (ERROR_MESSAGE_HEADER, str(exc).encode("utf-8", "replace")[:2000])])) from None
+            raise Failed(_raised(rec, key, exc)) from None
         if made is None:
             return []
         if type(made) is dict:
-            if reuse:
-                rec.row = made
-                return [(rec, key)]
             return [(_derived(rec, made, route), key)]
-        if isinstance(made, list) and all(isinstance(m, dict) for m in made):
-            return [(_derived(rec, m, route), f"{key}#{i}") for i, m in enumerate(made)]
-        raise Failed((rec, f"transform returned {type(made).__name__}: a dict, a list of dicts or None is expected",
-                      key, [(ERROR_TYPE_HEADER, b"TypeError")]))
+        return _exploded(rec, key, made, route)
+
+    def run(self, pairs: list, out: list, dead: list) -> tuple[int, int]:
+        """One route's transform over a batch's ``(record, key)`` pairs, its single rows set on the records
+        themselves (the common case: no copy, no new pair); returns (records filtered, rows beyond one per
+        record). Kept to local names: it runs once per record, and its cost is the transform's overhead."""
+        fn, decode, decode_key = self.fn, self._value, self._key
+        append = out.append
+        filtered = extra = 0
+        for pair in pairs:
+            rec, key = pair
+            value = rec.value
+            try:
+                made = fn(TransformRecord(rec, decode(value) if value is not None else None, key, decode_key))
+            except Exception as exc:  # the record's error, not the pipeline's
+                dead.append(_raised(rec, key, exc))
+                continue
+            if type(made) is dict:
+                rec.row = made
+                append(pair)
+            elif made is None:
+                filtered += 1
+            else:
+                try:
+                    rows = _exploded(rec, key, made, None)
+                except Failed as failed:
+                    dead.append(failed.dead)
+                    continue
+                if not rows:
+                    filtered += 1
+                extra += max(len(rows) - 1, 0)
+                out += rows
+        return filtered, extra
+
+
+def _raised(rec: Record, key: str, exc: Exception) -> tuple:
+    """The dead letter of a record whose transform raised ``exc``."""
+    return (rec, f"transform raised {type(exc).__name__}: {exc}", key,
+            [(ERROR_TYPE_HEADER, type(exc).__name__.encode()),
+             (ERROR_MESSAGE_HEADER, str(exc).encode("utf-8", "replace")[:2000])])
+
+
+def _exploded(rec: Record, key: str, made, route: str | None) -> list:
+    """A transform's list of dicts as rows, the ``i``-th keyed ``KEY#i``; :class:`Failed` for anything else."""
+    if isinstance(made, dict):  # a dict's subclass: one row, as a plain dict
+        return [(_derived(rec, dict(made), route), key)]
+    if isinstance(made, list) and all(isinstance(m, dict) for m in made):
+        return [(_derived(rec, m, route), f"{key}#{i}") for i, m in enumerate(made)]
+    raise Failed((rec, f"transform returned {type(made).__name__}: a dict, a list of dicts or None is expected",
+                  key, [(ERROR_TYPE_HEADER, b"TypeError")]))
 
 
 class Failed(Exception):
@@ -118,36 +159,31 @@ class Failed(Exception):
         self.dead = dead
 
 
-def fan_out(pairs: list, outputs: list, out: list, dead: list) -> tuple[int, int]:
+def fan_out(pairs: list, outputs: list, out: list, dead: list, gone: list | None = None) -> tuple[int, int]:
     """Each ``(record, key)`` through every output — ``(route name or None, Transform or None)``: a record's rows
     of every output into ``out``, or, if any output's transform fails, the record into ``dead`` and none of its
-    rows. Returns (records filtered: no row at all, rows beyond one per record)."""
+    rows. Returns (records filtered: no row at all, rows beyond one per record). Several outputs: ``gone`` gets
+    ``(topic, route, key, partition, offset)`` of each record a route's transform made no row of (one output:
+    the caller tells them from its count)."""
     filtered = extra = 0
     if len(outputs) == 1 and outputs[0][1] is not None:  # one route's transform: its one row is the record itself
-        only = outputs[0][1]
-        for rec, key in pairs:
-            try:
-                rows = only.rows(rec, key, None, reuse=True)
-            except Failed as failed:
-                dead.append(failed.dead)
-                continue
-            if not rows:
-                filtered += 1
-            elif len(rows) > 1:
-                extra += len(rows) - 1
-            out += rows
-        return filtered, extra
+        return outputs[0][1].run(pairs, out, dead)
     for rec, key in pairs:
-        rows = []
+        rows, skipped = [], ()
         try:
             for route, transform in outputs:
                 if transform is not None:
-                    rows += transform.rows(rec, key, route)
+                    made = transform.rows(rec, key, route)
+                    if not made:
+                        skipped += (route,)
+                    rows += made
                 else:
                     rows.append((_derived(rec, None, route), key))
         except Failed as failed:
             dead.append(failed.dead)
             continue
+        if skipped and gone is not None:
+            gone += [(rec.topic, route, key, rec.partition, rec.offset) for route in skipped]
         if not rows:
             filtered += 1
         extra += max(len(rows) - 1, 0)
