@@ -64,11 +64,11 @@ class Keys:
                     batch.records += run
                 else:
                     made, failed = len(batch.records), len(batch.dead)
-                    filtered, extra = fan_out(run, outputs, batch.records, batch.dead)
+                    filtered, extra = fan_out(run, outputs, batch.records, batch.dead, batch.gone)
                     batch.filtered += filtered
                     batch.exploded += extra
-                    if filtered or len(outputs) > 1:  # (a fan-out's route may filter a record another writes)
-                        batch.gone += _gone(run, outputs, batch.records[made:], batch.dead[failed:])
+                    if filtered and len(outputs) == 1:  # (a fan-out's routes name what each filtered)
+                        batch.gone += _gone(run, outputs[0][0], batch.records[made:], batch.dead[failed:])
                 run = []
             topic = now
             run.append(pair)
@@ -87,15 +87,14 @@ class Keys:
         return found
 
 
-def _gone(pairs: list, outputs: list, rows: list, dead: list) -> list[tuple]:
-    """What each route's transform filtered out of one topic's ``pairs``, given the ``rows`` and ``dead``
-    letters they made: ``(topic, route, key, partition, offset)`` of each record a route's transform left without
-    a row (a fan-out's route: its name; one route: None), so that its table claims it as filtered."""
-    made = {(rec.route, rec.partition, rec.offset) for rec, _ in rows}
-    failed = {(rec.partition, rec.offset) for rec, *_ in dead}
-    return [(rec.topic, route, key, rec.partition, rec.offset) for route, transform in outputs if transform is not None
-            for rec, key in pairs
-            if (route, rec.partition, rec.offset) not in made and (rec.partition, rec.offset) not in failed]
+def _gone(pairs: list, route: str | None, rows: list, dead: list) -> list[tuple]:
+    """What one route's transform filtered out of one topic's ``pairs``, given the ``rows`` and ``dead`` letters it
+    made: ``(topic, route, key, partition, offset)`` of each record it left without a row, so that its table
+    claims it as filtered."""
+    made = {(rec.partition, rec.offset) for rec, _ in rows}
+    made.update((rec.partition, rec.offset) for rec, *_ in dead)
+    return [(rec.topic, route, key, rec.partition, rec.offset) for rec, key in pairs
+            if (rec.partition, rec.offset) not in made]
 
 
 def _transform(req, route):
