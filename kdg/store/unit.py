@@ -45,19 +45,21 @@ class Part:
         """The temp table this part stages its rows in (``ON COMMIT DELETE ROWS``)."""
         return self.target.stage if self.target is not None else "kdg_stage"
 
-    async def write(self, store, group: str, claim: bool, keep_written: bool) -> tuple[PartResult, list | None]:
-        """Write inside the open transaction; the result, and (``keep_written``) the rows a handler is given."""
+    async def write(self, store, group: str, claim: bool, keep_written: bool, claiming=None) -> tuple[PartResult,
+                                                                                                    list | None]:
+        """Write inside the open transaction; the result, and (``keep_written``) the rows a handler is given.
+        ``claiming``: the generic table's claims, made by :meth:`kdg.store.claims.ClaimsMixin._claim_tables`."""
         conn = store.conn
         if self.target is None:
             rows = SinkRows.of(self.rows)
-            if claim:
+            if claiming is not None:
                 written = set() if keep_written else None
-                count = await store._claim_and_insert(self.table, group, rows, written=written)
+                count = await store._insert_claimed(claiming, group, written=written)
                 listed = rows.as_list() if keep_written else None
                 if keep_written and count < len(rows):  # a handler never sees a duplicate
                     listed = [r for r in listed if (r[0], r[2], r[3]) in written]
                 return PartResult(self.table.text, count, len(rows) - count), listed
-            if rows:
+            if rows and not claim:
                 await conn.copy_records_to_table(self.table.name, schema_name=self.table.schema,
                                                  records=rows.grouped(group), columns=GROUP_SINK_COLUMNS)
             return PartResult(self.table.text, len(rows)), rows.as_list() if keep_written else None
@@ -89,24 +91,34 @@ class UnitMixin:
 
     async def _write_unit(self, parts, group, claim, offsets, fences, expected, handler, dead_letter,
                           before_commit, turn, filtered=None) -> list[PartResult]:
-        results = []
+        results, handed = [None] * len(parts), [None] * len(parts)
         async with self.conn.transaction():
             if turn is not None:
                 turn.wait_claims()
-            handed, staged = [], set()
-            for part in parts:
+            generic = [i for i, part in enumerate(parts) if part.target is None and claim and part.rows]
+            claimed = dict(zip(generic, await self._claim_tables(
+                [(parts[i].table, SinkRows.of(parts[i].rows)) for i in generic]) if generic else []))
+            # claimed by COPY: their rows go in once the next batch may claim (its claims then overlap them)
+            later = [i for i in generic if claimed[i].copied]
+            staged = set()
+            for i, part in enumerate(parts):
+                if i in later:
+                    continue
                 if part.stage in staged:  # an earlier part of this transaction left its rows there
                     await self.conn.execute(f"DELETE FROM {part.stage}")
                 staged.add(part.stage)
-                result, listed = await part.write(self, group, claim, handler is not None)
-                results.append(result)
-                handed.append(listed)
+                results[i], handed[i] = await part.write(self, group, claim, handler is not None, claimed.get(i))
                 if dead_letter is not None:
-                    dead_letter(part, result)
+                    dead_letter(part, results[i])
             if claim and filtered:  # with the batch's other claims: a kill cannot keep one and lose the other
                 await mark_filtered(self, filtered)
             if turn is not None:
                 turn.claimed()
+            for i in later:
+                results[i], handed[i] = await parts[i].write(self, group, claim, handler is not None, claimed[i])
+                if dead_letter is not None:
+                    dead_letter(parts[i], results[i])
+            if turn is not None:
                 turn.wait_update() if handler is None else turn.wait_ended()
             if handler is not None:  # per table, the rows this transaction writes: never a duplicate
                 for listed in handed:
