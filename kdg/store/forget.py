@@ -3,7 +3,8 @@
 A claim says "this record is in the table already". When the table was emptied, dropped or made again
 outside kdg, its claims are wrong: every record read again would be suppressed as a duplicate. Forgetting
 them is the user's decision (kdg cannot know the table's rows went), and it is undone only by reading
-the records again. See docs/guide/rebuilding-a-table.md.
+the records again. The claims of records a transform filtered out (marked filtered, :mod:`kdg.store.filtered`)
+go with the rest: read again, they are filtered again. See docs/guide/rebuilding-a-table.md.
 """
 
 from dataclasses import asdict, dataclass, field
