@@ -6,7 +6,7 @@ import os
 import uuid
 from decimal import Decimal
 
-from conftest import as_json
+from conftest import as_json, audited
 from test_examples import copied, kdg_in, run
 from test_transforms import ORDERS
 
@@ -70,7 +70,7 @@ def test_the_same_transforms_give_the_same_tables_in_consume_and_spark_replay(kd
                   check=False)
     assert missing.returncode == 2 and "shop_logic:nowhere" in missing.stderr, missing.stderr
 
-    reports, tables = [], []
+    reports, tables, audits = [], [], []
     for engine in ("consume", "spark-replay"):
         prefix = f"tx{uuid.uuid4().hex[:8]}"
         pipeline = tmp_path / f"{engine}.toml"
@@ -81,6 +81,8 @@ def test_the_same_transforms_give_the_same_tables_in_consume_and_spark_replay(kd
         reports.append(as_json(kdg(engine, "--pipeline", pipeline, "-g", "exactly-once", *args, "--json",
                                    env={**env, **fault}, timeout=600)))
         tables.append(_tables(conn, prefix))
+        audit = audited(kdg, "--pipeline", pipeline, *args[:2])
+        audits.append([(r["filtered"], r["lost"], r["duplicates"], r["unexpected"]) for r in audit["routes"]])
 
     kept = [o for o in ORDERS if not o["test"]]
     orders, lines, fragile = tables[0]
@@ -95,6 +97,8 @@ def test_the_same_transforms_give_the_same_tables_in_consume_and_spark_replay(kd
     assert replayed["filtered"] == consumed["filtered"] == len(ORDERS) - len(kept), reports
     assert replayed["dead_lettered"] == consumed["dead_lettered"] == 4, reports
     assert replayed["exploded"] == consumed["exploded"] > 0, reports
+    # the audit of either engine's tables: the filtered orders claimed as such (in the write's transaction)
+    assert audits[1] == audits[0] and sum(f for f, *_ in audits[0]) >= len(ORDERS) - len(kept), audits
     # Spark's dead letters are consume's: the transform's error in kdg-error-type and kdg-error-message
     out = kdg("consume", f"{topics['fragile']}.dlq", "-G", f"dlq-{group}", "--sink", "stdout", "--format", "json",
               "-o", "beginning", "-e").stdout.splitlines()

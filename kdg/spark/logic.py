@@ -132,6 +132,7 @@ def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
     seen: set[str] = set()
     pending: list[tuple[Record, str]] = []
     dead: list[tuple] = []
+    gone: list[tuple] = []  # (topic, route, key, partition, offset) a route's transform filtered out
     with Store(spec.dsn) as store:
         def flush(rows: list) -> None:
             dlq.send(dead)  # durable before the rows that account for them commit
@@ -140,7 +141,9 @@ def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
             shares: dict = {}
             for pair in rows:
                 shares.setdefault(pair[0].route, []).append(pair)
-            if not shares:
+            filtered = _filtered(gone, by_route) if spec.dedup else None  # claimed as filtered, for the audit
+            gone.clear()
+            if not shares and not filtered:
                 return
             parts = [(by_route[route].part(chunk, handler is not None), chunk) for route, chunk in shares.items()]
 
@@ -152,7 +155,7 @@ def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
                 totals["dead_lettered"] += len(found)
 
             for result in store.write_unit([p for p, _ in parts], spec.group, claim=spec.dedup, handler=handler,
-                                           dead_letter=dead_letter):
+                                           dead_letter=dead_letter, filtered=filtered):
                 for name, got in (("rows_written", result.written), ("duplicates_dropped", result.duplicates),
                                   ("superseded", result.superseded), ("deleted", result.deleted),
                                   ("filtered", result.filtered)):
@@ -183,9 +186,12 @@ def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
             if plain:
                 pending += pairs
             else:
+                made, failed = len(pending), len(dead)
                 filtered, extra = fan_out(pairs, fanning, pending, dead)
                 totals["filtered"] += filtered
                 totals["exploded"] += extra
+                if filtered or len(fanning) > 1:  # (a fan-out's route may filter a record another writes)
+                    gone += _left_out(pairs, fanning, pending[made:], dead[failed:])
             while len(pending) >= spec.chunk_rows:
                 cut = _record_end(pending, spec.chunk_rows)
                 flush(pending[:cut])
@@ -193,6 +199,28 @@ def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
         if pending or dead:
             flush(pending)
     return totals
+
+
+def _left_out(pairs: list, outputs: list, rows: list, dead: list) -> list[tuple]:
+    """``(topic, route, key, partition, offset)`` of each record a route's transform left without a row (and did
+    not dead-letter), given the ``rows`` and ``dead`` letters :func:`~kdg.flow.transform.fan_out` made of ``pairs``."""
+    made = {(rec.route, rec.partition, rec.offset) for rec, _ in rows}
+    failed = {(rec.partition, rec.offset) for rec, *_ in dead}
+    return [(rec.topic, route, key, rec.partition, rec.offset) for route, transform in outputs if transform is not None
+            for rec, key in pairs
+            if (route, rec.partition, rec.offset) not in made and (rec.partition, rec.offset) not in failed]
+
+
+def _filtered(gone: list, by_route: dict) -> list[tuple]:
+    """Per table, ``(table, [(key, topic, partition, offset), …])`` of what its route's transform filtered out (as
+    :meth:`kdg.store.unit.UnitMixin.write_unit` claims them)."""
+    from kdg.settings import table_name
+
+    found: dict = {}
+    for topic, route, key, partition, offset in gone:
+        spec = by_route[route].spec
+        found.setdefault(spec.table, (table_name(spec.table), []))[1].append((key, topic, partition, offset))
+    return list(found.values())
 
 
 def _record_end(rows: list, at: int) -> int:
