@@ -60,10 +60,7 @@ class RowMaker:
         self._truncate = None if mapping.on_truncate == "apply" and truncates else \
             NOT_APPLIED_REASON if mapping.on_truncate == "apply" else TRUNCATE_REASON
         self._blank = (None,) * len(mapping.columns)
-        # the columns a placeholder may stand in: each a top-level field of the row, not a key column
-        self._fields = [(i, c.source.path[0]) for i, c in enumerate(mapping.columns)
-                        if c.source.kind == "value" and len(c.source.path) == 1 and c.name not in mapping.key] \
-            if mapping.envelope == "debezium" else []
+        self._fields = [(i, mapping.columns[i].source.path[0]) for i in keepable(mapping)]
         self.unavailable = 0          # placeholders read, each staged as "keep the column's value"
         self.skipped: Counter = Counter()  # heartbeats and schema-change events read, by kind
         self.watch = FieldWatch(mapping) if watch else None
@@ -162,6 +159,14 @@ class RowMaker:
                 values[i] = None
                 staged.keeps.append((seq, i))
                 self.unavailable += 1
+
+
+def keepable(mapping: Mapping) -> list[int]:
+    """The columns a Debezium placeholder may stand in for: each a top-level field of the row, not a key column."""
+    if mapping.envelope != "debezium":
+        return []
+    return [i for i, c in enumerate(mapping.columns)
+            if c.source.kind == "value" and len(c.source.path) == 1 and c.name not in mapping.key]
 
 
 def _keyless(column, row_from_key: bool) -> str:

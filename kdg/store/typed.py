@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 import asyncpg
 
-from kdg.mapping.rows import STAGE_PREFIX, StagedRows
+from kdg.mapping.rows import STAGE_PREFIX, StagedRows, keepable
 from kdg.mapping.spec import Mapping
 from kdg.store.claims import CLAIM, OUTSIDE, copy_claims, prepare_claims
 from kdg.store.windows import Window
@@ -123,16 +123,16 @@ class TypedTarget:
                 f"SELECT {values} FROM latest l WHERE NOT l.tomb ON CONFLICT ({conflict}) {update}")
 
     def _kept_casts(self) -> str:
-        """:meth:`_casts` of ``latest l``, each column not a key taking, where :data:`KEEP` lists it for the row,
-        the latest earlier version of the key in the range that has a value for it (NULL if that is a delete),
-        else the table's current value."""
+        """:meth:`_casts` of ``latest l``, each column a placeholder may stand in for (:func:`keepable`) taking,
+        where :data:`KEEP` lists it for the row, the latest earlier version of the key in the range that has a
+        value for it (NULL if that is a delete), else the table's current value."""
         m = self.mapping
         same = " AND ".join(f"{self._key_cast(k, 'x')} = {self._key_cast(k, 'l')}" for k in m.key)
         in_table = " AND ".join(f"t.{m.column(k).sql} = {self._key_cast(k, 'l')}" for k in m.key)
-        casts = []
+        casts, kept_ones = [], set(keepable(m))
         for i, c in enumerate(m.columns):
             value = c.type.cast(f"l.c{i}")
-            if c.name not in m.key:
+            if i in kept_ones:
                 kept = f"EXISTS (SELECT 1 FROM {KEEP} k WHERE k.seq = {{0}}.seq AND k.col = {i})"
                 earlier = (f"FROM {self.stage} x WHERE x.seq < l.seq AND x.seq >= $1 AND {same} AND "
                            f"(x.tomb OR NOT {kept.format('x')})")
