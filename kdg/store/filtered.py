@@ -27,13 +27,14 @@ MARK = """INSERT INTO {claims} (sink_table, idempotency_key, key_ms, topic, "par
           ON CONFLICT DO NOTHING"""
 
 
-async def mark_filtered(store, filtered: list[tuple[TableName, list[tuple]]]) -> None:
+async def mark_filtered(store, filtered: list[tuple[TableName, list[tuple]]], held: set = frozenset()) -> None:
     """Inside the batch's transaction: claim, marked filtered, each ``(key, topic, partition, offset)`` of each
     table's list (``filtered``: ``(table identity, records)`` per table). One statement a table, after the
-    window's horizon is held (:func:`~kdg.store.claims.prepare_claims`)."""
+    window's horizon is held (:func:`~kdg.store.claims.prepare_claims`; ``held``: the claim tables whose
+    horizon this transaction holds already, as its rows' claims took it)."""
     for table, keyed in filtered:
         window = await store._claim_window(table)
         keys, topics, partitions, offsets = zip(*keyed)
-        claims = await prepare_claims(store.conn, window, list(keys))
+        claims = await prepare_claims(store.conn, window, list(keys), held=window.relation in held)
         await store.conn.execute(MARK.format(claims=window.sql), *claims.args, keys, claims.times, topics,
                                  partitions, offsets)

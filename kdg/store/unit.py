@@ -111,7 +111,7 @@ class UnitMixin:
                 if dead_letter is not None:
                     dead_letter(part, results[i])
             if claim and filtered:  # with the batch's other claims: a kill cannot keep one and lose the other
-                await mark_filtered(self, filtered)
+                await mark_filtered(self, filtered, {c.claims.window.relation for c in claimed.values()})
             if turn is not None:
                 turn.claimed()
             for i in later:
