@@ -39,6 +39,7 @@ TOMBSTONES = ("dead-letter", "delete", "ignore")
 TRUNCATES = ("dead-letter", "apply")
 ENVELOPES = ("none", "debezium")
 EVOLVE = ("none", "add-columns")
+INCOMPATIBLE = ("stop", "dead-letter")  # a field whose new type the table cannot take (kdg.mapping.from_record)
 _FILE_KEYS = {"table", "mode", "key", "on_tombstone", "on_truncate", "create_table", "columns", "envelope",
               "value_format", "key_format"}
 # the NAME of 'NAME [TYPE] = SOURCE': a double-quoted name may hold spaces and '=' (its rule: column_name)
@@ -104,6 +105,7 @@ class Mapping:
     evolve: str = "none"               # add-columns: a field new to the table adds a nullable column (from-schema)
     on_truncate: str = "dead-letter"   # apply: a Debezium truncate (op t) deletes every row, in record order
     extra_columns: tuple[Column, ...] = ()  # from-schema: columns listed besides the schema's (source:ts_ms, ...)
+    on_incompatible: str = "stop"      # dead-letter: a record whose schema's type the column cannot take, to the DLQ
 
     def column(self, name: str) -> Column:
         return next(c for c in self.columns if c.name == name)
@@ -130,7 +132,9 @@ class Mapping:
                 "envelope": self.envelope,
                 "value_format": self.value_format, "key_format": self.key_format,
                 "columns": [{"name": spelled(c.name), "type": c.type_name, "from": c.source.spec}
-                            for c in self.columns]}
+                            for c in self.columns],
+                **({"extra_columns": [{"name": spelled(c.name), "type": c.type_name, "from": c.source.spec}
+                                      for c in self.extra_columns]} if self.extra_columns else {})}
 
 
 def parse_column(spec: str) -> Column:
@@ -199,7 +203,7 @@ def build_mapping(*, file: Path | None = None, columns: list[str] | None = None,
                   mode: str | None = None, on_tombstone: str | None = None, create_table: bool = False,
                   key: tuple[str, ...] = (), envelope: str | None = None, value_format: str | None = None,
                   key_format: str | None = None, from_schema: bool = False, evolve: str | None = None,
-                  on_truncate: str | None = None) -> Mapping | None:
+                  on_truncate: str | None = None, on_incompatible: str | None = None) -> Mapping | None:
     """The mapping the flags and file describe, flags winning; None when no typed-sink option was given.
 
     Under ``envelope = debezium`` the mode defaults to upsert and tombstones to delete: a change stream's
@@ -236,6 +240,12 @@ def build_mapping(*, file: Path | None = None, columns: list[str] | None = None,
         raise UsageError(f"evolve {mapping.evolve!r}: use {' or '.join(EVOLVE)}")
     if mapping.evolve != "none" and not from_schema:
         raise UsageError('evolve = "add-columns" follows the records\' schema: give columns = "from-schema" too')
+    if on_incompatible not in (None, *INCOMPATIBLE):
+        raise UsageError(f"on_incompatible {on_incompatible!r}: use {' or '.join(INCOMPATIBLE)}")
+    if on_incompatible is not None and not from_schema:
+        raise UsageError('on_incompatible says what to do when the records\' schema changes: give columns = '
+                         '"from-schema" too')
+    mapping = replace(mapping, on_incompatible=on_incompatible or "stop")
     if from_schema:  # its columns (and key) are each topic's records' (kdg.mapping.from_record): checked then
         checked = validate(replace(mapping, key=()))  # the columns listed besides the schema's, checked now
         return replace(checked, columns=(), extra_columns=checked.columns, key=key)
