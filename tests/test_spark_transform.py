@@ -4,6 +4,7 @@
 import json
 import os
 import uuid
+import zipfile
 from decimal import Decimal
 
 from conftest import as_json, audited
@@ -130,3 +131,23 @@ def test_the_handler_runs_in_each_spark_task_transaction_with_the_rows_it_writes
     with Store(conn.pg_dsn) as store:
         balances = {r["id"]: r["balance"] for r in store.fetch(f"SELECT id, balance FROM {accounts}")}
     assert balances == expected
+
+
+def test_a_cluster_gets_the_transforms_module_with_kdg(tmp_path, monkeypatch):
+    """Off the local master the driver ships each named module (a package whole) in kdg's zip: the one an
+    executor there imports the transform and the handler from. (Pure Python: no Spark started.)"""
+    from kdg.flow.routes import Route, Router
+    from kdg.spark.logic import module_roots
+    from kdg.spark.session import _package_zip
+
+    package = tmp_path / "src" / "shop"
+    package.mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "logic.py").write_text("def orders(record):\n    return record.value\n")
+    (tmp_path / "src" / "pay.py").write_text("def apply(rows, conn):\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "src"))
+    router = Router([Route("r", ("orders",), transform="shop.logic:orders")])
+    shipped = _package_zip(tmp_path, module_roots(router, "pay:apply"))
+    with zipfile.ZipFile(shipped) as zf:
+        names = set(zf.namelist())
+    assert {"shop/__init__.py", "shop/logic.py", "pay.py", "kdg/spark/logic.py"} <= names

@@ -196,7 +196,7 @@ def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
                 cut = _record_end(pending, spec.chunk_rows)
                 flush(pending[:cut])
                 del pending[:cut]
-        if pending or dead:
+        if pending or dead or gone:  # (a task whose every record was filtered still claims them)
             flush(pending)
     return totals
 
