@@ -6,7 +6,8 @@ Everything here runs in Spark's Python workers. It holds no driver state: a task
 the summed counts are exact even when a task was retried.
 
 Spark's Kafka source reads one topic-partition (or a slice of one) per task, so a task reads one topic
-and writes one table: its claims and offsets stay per (topic, partition).
+and writes its route's table (a fan-out's: each route's): its claims and offsets stay per (topic, partition).
+A task with a transform, a handler or a fan-out writes through :mod:`kdg.spark.logic`.
 """
 
 import base64
