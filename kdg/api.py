@@ -96,6 +96,7 @@ def consume(topic: str | list[str] | None = None, *, group: str, guarantee: str 
             columns: list[str] | None = None, mapping: str | Path | None = None, mode: str | None = None,
             create_table: bool = False, on_tombstone: str | None = None, envelope: str | None = None,
             on_truncate: str | None = None, value_format: str | None = None, key_format: str | None = None,
+            from_schema: bool = False, evolve: str | None = None,
             schema_registry: str | None = None, format: str = "text", id_from: str | None = None,
             count: int | None = None, until_end: bool = False, idle_timeout: float | None = None,
             offset: str = "stored", batch_size: int = 5_000, batch_ms: int = 100,
@@ -118,6 +119,9 @@ def consume(topic: str | list[str] | None = None, *, group: str, guarantee: str 
         table: the sink table (``SCHEMA.NAME``; a template such as ``mt_{topic}``); default ``kdg_events``.
         columns: a typed table's columns (``--column``), e.g. ``["id bigint = json:id"]``.
         mapping: a mapping file (``--mapping``), instead of ``columns``.
+        from_schema: the typed table's columns from each record's own schema (``--columns from-schema``);
+            ``columns`` then only adds what the row has not (``source:ts_ms``, a header, the key).
+        evolve: with ``from_schema``, ``"none"`` (the default) or ``"add-columns"`` (``--evolve``).
         create_table: create the typed table if it is missing (its schema must exist).
         until_end: stop once the whole topic is read for this group (``-e``).
         count: stop after this many records (``-c``).
@@ -158,7 +162,8 @@ def consume(topic: str | list[str] | None = None, *, group: str, guarantee: str 
 
 
 def _consume_request(*, topic, group, guarantee, topic_pattern, sink, table, columns, mapping, mode, create_table,
-                     on_tombstone, envelope, on_truncate, value_format, key_format, schema_registry, format, id_from,
+                     on_tombstone, envelope, on_truncate, value_format, key_format, from_schema, evolve,
+                     schema_registry, format, id_from,
                      count, until_end, idle_timeout, offset, batch_size, batch_ms, max_bytes, handler, transform,
                      transactional_id, pg_wait, pipeline, pipeline_depth, dedup_retention, max_dead_letters,
                      shutdown_timeout, wait_timeout, metrics_port, metrics_host, bootstrap_servers, pg_dsn,
@@ -188,7 +193,8 @@ def _consume_request(*, topic, group, guarantee, topic_pattern, sink, table, col
     typed = build_mapping(file=Path(mapping) if mapping is not None else None, columns=columns,
                           table=PLACEHOLDER_TABLE if template else table, mode=mode, on_tombstone=on_tombstone,
                           create_table=create_table, envelope=envelope, value_format=value_format,
-                          key_format=key_format, on_truncate=on_truncate)  # a bad mapping is refused now
+                          key_format=key_format, on_truncate=on_truncate, from_schema=from_schema,
+                          evolve=evolve)  # a bad mapping is refused now
     kind = sink.partition(":")[0]
     value_format = checked_formats(value_format, key_format, typed, "" if kind == "stdout" or (id_from or "").startswith(
         "json:") else f"the {kind} sink keeps each value's bytes as they are; decoding is for a typed sink "

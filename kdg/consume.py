@@ -353,12 +353,13 @@ def _field_notes(req, sink, report, metrics) -> None:
 
 
 def _schema_changes(req, sink, report) -> None:
-    """Say each column ``evolve = "add-columns"`` added since last asked, and keep it in the report."""
+    """Say each change the records' schema made to a table since last asked (or, under evolve = none, asked of
+    it), and keep it in the report."""
     changes = getattr(sink, "schema_changes", None)
     while changes:
         change = changes.pop(0)
-        req.notice(f"{change['table']}: column {change['column']} {change['type']} {change['change']} (a field new to "
-                   "the table)")
+        req.notice(f"{change['table']}: column {change['column']} {change['type']} {change['change']} "
+                   f"({change['why']})")
         report.schema_changes.append(change)
 
 

@@ -29,6 +29,11 @@ class StaleClaims(UsageError):
     """A table's exactly-once claims were made for an older table of its name (`kdg db forget` deletes them)."""
 
 
+class SchemaIncompatible(UsageError):
+    """A record's schema gives a field a type its column cannot take and kdg will not alter it to (not a
+    widening); the user alters the table, and the route resumes at that batch."""
+
+
 class MissingComponent(KdgError):
     """A program kdg needs (Java, Maven, a jar, Postgres binaries) is not installed."""
 

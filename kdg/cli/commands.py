@@ -9,10 +9,10 @@ import typer
 from kdg.checks import check_lifecycle as _check_lifecycle, check_min as _check_min, checked_formats as _formats
 from kdg.checks import sink_table as _sink_table
 from kdg.cli import app
-from kdg.cli.options import (Bootstrap, ChunkRows, Columns, CreateTable, DedupRetention, Envelope, Json, KeyFormat,
-                             MappingFile, MetricsHost, MetricsPort, Mode, OnTombstone, OnTruncate, PgDsn, Profile,
-                             Properties, SchemaRegistry, ShutdownTimeout, SinkTable, SparkConf, SparkIdFrom, SparkMaster,
-                             StateDir, ValueFormat, WaitTimeout)
+from kdg.cli.options import (Bootstrap, ChunkRows, Columns, ColumnsFrom, CreateTable, DedupRetention, Envelope,
+                             Evolve, Json, KeyFormat, MappingFile, MetricsHost, MetricsPort, Mode, OnTombstone,
+                             OnTruncate, PgDsn, Profile, Properties, SchemaRegistry, ShutdownTimeout, SinkTable,
+                             SparkConf, SparkIdFrom, SparkMaster, StateDir, ValueFormat, WaitTimeout)
 from kdg.cli.render import console, err_console, key_value_table, plain, print_json
 from kdg.errors import CheckFailed, UsageError
 
@@ -167,6 +167,7 @@ def consume(
     table: SinkTable = None,
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None, envelope: Envelope = None, on_truncate: OnTruncate = None,
+    columns_from: ColumnsFrom = None, evolve: Evolve = None,
     value_format: ValueFormat = None, key_format: KeyFormat = None, schema_registry: SchemaRegistry = None,
     fmt: Annotated[str, typer.Option("--format", help="stdout sink: text or json envelope lines.")] = "text",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD, "
@@ -218,6 +219,8 @@ def consume(
     from kdg.lifecycle import Shutdown
 
     limit = parse_dead_letter_limit(max_dead_letters)
+    if columns_from not in (None, "from-schema"):
+        raise UsageError(f"--columns {columns_from}: the only value is from-schema (list columns with --column)")
     if pipeline is not None and pipeline.isdigit():  # --pipeline N was the depth before it named a file
         _notice(f"warning: --pipeline {pipeline} is now --pipeline-depth {pipeline}")
         pipeline_depth, pipeline = int(pipeline), None
@@ -229,7 +232,7 @@ def consume(
             topics, group=group, guarantee=guarantee, topic_pattern=topic_pattern, sink=sink, table=table,
             columns=column, mapping=mapping, mode=mode, create_table=create_table, on_tombstone=on_tombstone,
             envelope=envelope, on_truncate=on_truncate, value_format=value_format, key_format=key_format,
-            schema_registry=schema_registry,
+            from_schema=columns_from is not None, evolve=evolve, schema_registry=schema_registry,
             format=fmt, id_from=id_from, count=count, until_end=exit_at_end, idle_timeout=idle_timeout,
             offset=offset, batch_size=batch_size, batch_ms=batch_ms, max_bytes=max_bytes, handler=handler,
             transform=transform, transactional_id=transactional_id, pg_wait=pg_wait, pipeline=pipeline,

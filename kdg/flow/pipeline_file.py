@@ -23,7 +23,7 @@ from kdg.errors import UsageError
 from kdg.flow.routes import Route, Router
 
 _MAPPING_KEYS = ("mode", "key", "on_tombstone", "on_truncate", "create_table", "envelope", "value_format",
-                 "key_format", "columns", "extra_columns", "evolve")
+                 "key_format", "columns", "extra_columns", "evolve", "on_incompatible")
 ROUTE_KEYS = ("name", "topics", "topic_pattern", "table", "mapping", "id_from", "transform", "into", *_MAPPING_KEYS)
 PLACEHOLDER_TABLE = "kdg_route_table"  # a typed route's mapping is built with this; the template fills it
 
@@ -141,7 +141,7 @@ def _mapping(path: Path, where: str, entry: dict):
                              create_table=bool(inline.get("create_table", False)), key=key,
                              envelope=inline.get("envelope"), value_format=inline.get("value_format"),
                              key_format=inline.get("key_format"), from_schema=from_schema,
-                             evolve=inline.get("evolve"))
+                             evolve=inline.get("evolve"), on_incompatible=inline.get("on_incompatible"))
     except UsageError as exc:
         raise UsageError(f"{where}: {exc}") from None
 

@@ -23,6 +23,11 @@ from kdg.store.pg import Store
 from kdg.store.rows import SinkRows, sink_row
 from kdg.store.unit import Part
 
+# a record schema's change (kdg.mapping.from_record.SchemaChange): why it is one; what evolve = none leaves
+_WHY = {"add": "a field new to the table", "widen": "the field's type widened", "drop not null":
+        "the field became optional"}
+_NOT_FOLLOWED = {"add": "its values are not written", "widen": "a value past the column's range is dead-lettered",
+                 "drop not null": "a null is dead-lettered"}
 UNROUTED_REASON = ("its table is named by its topic's events (a {source.*} template, or columns from the schema), "
                    "and no event of the topic read so far names it")
 
@@ -36,7 +41,8 @@ class TableWriter:
     target: object = None    # kdg.store.typed.TypedTarget (None: the generic table)
     rows: object = None      # kdg.mapping.RowMaker
     schemas: set = field(default_factory=set)  # columns from the schema: the record schemas (their text) looked at
-    said: set = field(default_factory=set)     # ... and, evolve = none, the new fields said (once each)
+    said: set = field(default_factory=set)     # ... and, evolve = none, the changes said (once each)
+    refused: dict = field(default_factory=dict)  # ... and the schemas on_incompatible = dead-letter refuses: why
 
 
 class PostgresSink(Sink):
@@ -110,39 +116,75 @@ class PostgresSink(Sink):
             self.on_table(self.store, identity, topic, self)
         return writer
 
-    def _evolve(self, writer: TableWriter, records) -> None:
-        """Columns from the records' schema: a record schema new to ``writer`` naming fields its table lacks adds
-        them (``evolve = "add-columns"``: nullable, :meth:`Store.add_columns`) before the batch that carries them
-        is written, or (``evolve = "none"``) says each once: never silent."""
+    def _evolve(self, writer: TableWriter, records) -> list:
+        """Columns from the records' schema: each record schema new to ``writer`` is met against its table
+        (:func:`~kdg.mapping.from_record.plan_changes`) before the batch that carries it is written. Under
+        ``evolve = "add-columns"`` a new field adds a nullable column, a widened type widens its column and a field
+        that became optional drops its NOT NULL (:meth:`Store.evolve_table`); under ``none`` each is said once:
+        never silent. A type the column cannot take stops the route (:class:`~kdg.errors.SchemaIncompatible`,
+        nothing of the batch written, its offsets not moved) or, under ``on_incompatible = "dead-letter"``, sends
+        that schema's records to the dead-letter topic: returned as ``(record, reason, key)``."""
+        from kdg.errors import SchemaIncompatible
         from kdg.mapping import RowMaker
-        from kdg.mapping.from_record import mapping_from_record
+        from kdg.mapping.from_record import SchemaChange, mapping_from_record, optional_columns, plan_changes
 
-        mapping = writer.target.mapping
-        for rec, _ in records:
+        mapping, table, dead = writer.target.mapping, writer.target.mapping.table, []
+        for rec, key in records:
             value = rec.value
             cut = value.find(b'"payload"') if value is not None and rec.row is None else -1
-            if cut < 0 or value[:cut] in writer.schemas:
+            head = value[:cut] if cut >= 0 else None
+            if head in writer.refused:
+                dead.append((rec, writer.refused[head], key))
+            if head is None or head in writer.schemas or head in writer.refused:
                 continue
-            writer.schemas.add(value[:cut])
-            found = mapping_from_record(value, rec.key, mapping, mapping.table)
-            have = {c.name for c in mapping.columns} | writer.said
-            new = [c for c in found.columns if c.name not in have] if found is not None else []
-            if not new:
+            found = mapping_from_record(value, rec.key, mapping, table)
+            shape = self.store.table_shape(table) if found is not None else None
+            changes = plan_changes(found, optional_columns(value, mapping.envelope), shape.types, shape.not_null,
+                                   shape.primary_key) if shape is not None else []
+            mapped = {c.name for c in mapping.columns}
+            new = [c for c in found.columns if c.name not in mapped] if found is not None else []
+            if mapping.evolve != "add-columns":  # the columns it maps only: a new field is said, not taken up
+                changes = [c for c in changes if c.column in mapped] + [SchemaChange(c.name, "add", c.type.name)
+                                                                        for c in new]
+            wrong = next((c for c in changes if c.change == "incompatible"), None)
+            if wrong is not None:
+                reason = wrong.reason(table)
+                if mapping.on_incompatible != "dead-letter":
+                    raise SchemaIncompatible(f"{reason}; then start kdg again: it resumes at the batch it stopped "
+                                             "before, none of which was written (or send such records to the "
+                                             'dead-letter topic: on_incompatible = "dead-letter" in a pipeline file\'s route)')
+                writer.refused[head] = reason = f"a schema change kdg does not apply: {reason}"
+                dead.append((rec, reason, key))
                 continue
+            writer.schemas.add(head)
             if mapping.evolve != "add-columns":
-                self._added(new, mapping.table, "not followed (evolve = none: its values are not written)")
-                writer.said |= {c.name for c in new}
+                for change in changes:
+                    if (change.column, change.change) not in writer.said:
+                        writer.said.add((change.column, change.change))
+                        self._said(table, change, f"not followed (evolve = none: {_NOT_FOLLOWED[change.change]})")
                 continue
-            added = self.store.add_columns(mapping.table, new)
-            self._added(added, mapping.table)
-            self._added([c for c in new if c not in added], mapping.table, "taken up (added before)")
-            typed, _ = self.store.prepare_typed(replace(mapping, columns=mapping.columns + tuple(new)))
-            writer.target, writer.rows = typed, RowMaker(typed.mapping, self.registry, watch=True, truncates=True)
-            mapping = typed.mapping
+            made = self.store.evolve_table(table, changes)
+            for change in made:
+                self._said(table, change)
+            taken = {c.column for c in made}
+            for column in new:
+                if column.name not in taken:  # another writer added it first
+                    self._said(table, SchemaChange(column.name, "add", column.type.name), "taken up (added before)")
+            if new or made:
+                typed, _ = self.store.prepare_typed(replace(mapping, columns=mapping.columns + tuple(new)))
+                writer.target, writer.rows = typed, RowMaker(typed.mapping, self.registry, watch=True, truncates=True)
+                mapping = typed.mapping
+        return dead
 
     def _added(self, columns, table, change: str = "added") -> None:
-        self.schema_changes += [{"table": table.text, "column": c.name, "type": c.type.name, "change": change}
-                                for c in columns]
+        self.schema_changes += [{"table": table.text, "column": c.name, "type": c.type.name, "change": change,
+                                 "why": _WHY["add"]} for c in columns]
+
+    def _said(self, table, change, said: str | None = None) -> None:
+        """Keep ``change`` (:class:`~kdg.mapping.from_record.SchemaChange`) for the report and its status line."""
+        done = {"add": "added", "widen": f"widened from {change.was}", "drop not null": "NOT NULL dropped"}
+        self.schema_changes.append({"table": table.text, "column": change.column, "type": change.type,
+                                    "change": said or done[change.change], "why": _WHY[change.change]})
 
     @staticmethod
     def _derive(topic: str, target: Target, records):
@@ -370,7 +412,13 @@ class PostgresSink(Sink):
                                                               for rec, key in records])), records))
             else:
                 if writer.target.mapping.from_schema:
-                    self._evolve(writer, records)
+                    refused = self._evolve(writer, records)
+                    if refused:  # on_incompatible = dead-letter: the rest of the batch is written
+                        unnamed += refused
+                        gone = {id(rec) for rec, _, _ in refused}
+                        records = [pair for pair in records if id(pair[0]) not in gone]
+                        if not records:
+                            continue
                 writer.rows.prepare(records)  # a registry that is away is waited for here, not inside the COPY
                 staged = writer.rows.staged(records, keep=self.handler is not None)  # made as the COPY reads them
                 parts.append((Part(writer.table, staged, writer.target), records))

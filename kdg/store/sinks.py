@@ -12,7 +12,7 @@ from kdg.store.handler import call_handler
 from kdg.store.identity import resolve_table
 from kdg.store.owners import follow_new_table
 from kdg.store.rows import GROUP_SINK_COLUMNS, SinkRows
-from kdg.store.tables import prepare_table
+from kdg.store.tables import inspect_table, prepare_table
 from kdg.store.typed import TypedResult, TypedTarget, write_batch, written_rows
 
 
@@ -81,23 +81,39 @@ class SinksMixin:
         return self._run(prepare())
 
     def add_columns(self, table: TableName, columns) -> list:
-        """Add each of ``columns`` (:class:`kdg.mapping.spec.Column`) the table lacks, nullable, in one transaction
-        under the table's evolution lock: two writers meeting the same new field add it once. Returns the
-        columns this call added."""
-        async def add():
+        """Add each of ``columns`` (:class:`kdg.mapping.spec.Column`) the table lacks, nullable (see
+        :meth:`evolve_table`). Returns the columns this call added."""
+        from kdg.mapping.from_record import SchemaChange
+
+        done = {c.column for c in self.evolve_table(table, [SchemaChange(c.name, "add", c.type.name) for c in columns])}
+        return [c for c in columns if c.name in done]
+
+    def table_shape(self, table: TableName):
+        """The table's :class:`~kdg.store.tables.TableShape` as it is now (None: no such table)."""
+        return self._run(inspect_table(self.conn, table))
+
+    def evolve_table(self, table: TableName, changes) -> list:
+        """Apply ``changes`` (:class:`kdg.mapping.from_record.SchemaChange`: add a nullable column, widen one, drop
+        a NOT NULL) in one transaction under the table's evolution lock, each only if the table still needs it
+        once the lock is held: two writers meeting the same change make it once. Returns the changes this call
+        made (none while the table is not made yet: it is made with every column)."""
+        from kdg.mapping.from_record import type_change
+
+        async def evolve():
             async with self.conn.transaction():
                 await self.conn.execute("SELECT pg_advisory_xact_lock(hashtext($1))", f"kdg-evolve:{table.text}")
-                if not await self.conn.fetchval("SELECT to_regclass($1) IS NOT NULL", table.sql):
-                    return []  # not made yet: made with every column
-                have = {r["attname"] for r in await self.conn.fetch(
-                    "SELECT attname FROM pg_attribute WHERE attrelid = to_regclass($1) AND attnum > 0 "
-                    "AND NOT attisdropped", table.sql)}
-                added = [c for c in columns if c.name not in have]
-                for c in added:
-                    await self.conn.execute(f"ALTER TABLE {table.sql} ADD COLUMN {c.sql} {c.type.name}")
-                return added
+                shape = await inspect_table(self.conn, table)
+                if shape is None:
+                    return []
+                made = [c for c in changes if c.change == "add" and not shape.has(c.column)
+                        or c.change == "widen" and shape.has(c.column)
+                        and type_change(shape.types[c.column], c.type) == "widening"
+                        or c.change == "drop not null" and c.column in shape.not_null]
+                for change in made:
+                    await self.conn.execute(change.alter_sql(table))
+                return made
 
-        return self._run(add())
+        return self._run(evolve())
 
     def write_typed(self, target: TypedTarget, rows: StagedRows, *, claim: bool, group: str | None = None,
                     topic: str | None = None, next_offsets: dict[int, int] | None = None,

@@ -47,6 +47,7 @@ class TableShape:
     unique_keys: tuple[frozenset, ...] = ()                # column sets of usable unique indexes
     primary_key: tuple[str, ...] = ()
     generated: dict[str, str] = field(default_factory=dict)  # column → how Postgres fills it, refusing any value
+    not_null: tuple[str, ...] = ()                         # NOT NULL columns, defaulted or not
 
     def has(self, column: str) -> bool:
         return column in self.types
@@ -67,7 +68,8 @@ async def inspect_table(conn, table) -> TableShape | None:
                       unfilled=tuple(r["name"] for r in columns if r["not_null"] and not r["defaulted"]),
                       unique_keys=tuple(frozenset(r["columns"]) for r in unique),
                       primary_key=next((tuple(r["columns"]) for r in unique if r["is_primary"]), ()),
-                      generated={r["name"]: r["generated"] for r in columns if r["generated"] is not None})
+                      generated={r["name"]: r["generated"] for r in columns if r["generated"] is not None},
+                      not_null=tuple(r["name"] for r in columns if r["not_null"]))
 
 
 async def resolve_types(conn, mapping: Mapping) -> Mapping:
@@ -94,8 +96,15 @@ def _from_table(column: Column, shape: TableShape) -> Column:
 
 def check_mapping(mapping: Mapping, shape: TableShape) -> Mapping:
     """``mapping`` (its types resolved) checked against the table; its key columns resolved (the table's primary
-    key if unset) and the type of each column mapped without one taken from the table."""
+    key if unset) and the type of each column mapped without one taken from the table.
+
+    Columns from the records' schema (``from_schema``; not its ``extra_columns``) take the table's types: whether
+    the table takes a schema's types is decided per schema as its records are written
+    (:func:`kdg.mapping.from_record.plan_changes`)."""
     table = mapping.table.text
+    if mapping.from_schema:
+        mapping = replace(mapping, columns=tuple(replace(c, type=None) if c not in mapping.extra_columns
+                                                 and shape.has(c.name) else c for c in mapping.columns))
     for column in mapping.columns:
         if not shape.has(column.name):
             raise UsageError(f'column "{column.name}" is not in table {table} (its columns: '
