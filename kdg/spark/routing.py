@@ -94,8 +94,11 @@ class SparkRoutes:
         self._tables: dict = {}          # (route, table as routed) → (TypedTarget | None, identity)
 
     def check(self, topics) -> None:
-        """Each topic's routes and tables, refused (two routes, a bad name) before any table is made."""
-        self.router.resolve(topics)
+        """Each topic's routes and tables, refused (no route, two, a bad name) before any table is made."""
+        for topic in topics:
+            routes = self.router.fanned(topic)
+            for route in routes:
+                self.router.target(topic, route=route.name if len(routes) > 1 else None)
 
     def prepare(self, topic: str):
         """``topic``'s WriteSpec: its table made (or checked against the mapping) and its window decided, once. A
