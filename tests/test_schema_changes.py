@@ -1,7 +1,7 @@
 """Schemas that change under a route with columns from the records' schema (issue 47).
 
 Records are Kafka Connect JsonConverter's ``{"schema", "payload"}``, made by hand. First offline: the table of
-widenings (:func:`kdg.mapping.from_record.type_change`), what a changed schema asks of a table, and the route
+widenings (:func:`kdg.mapping.evolution.type_change`), what a changed schema asks of a table, and the route
 key ``on_incompatible``. Then on the stack: a field that turns from int32 to string where the column is
 ``integer`` stops the route with one error line naming what to run, nothing written past it; after that ALTER
 TABLE a restart finishes with nothing lost; with ``on_incompatible = "dead-letter"`` the same records go to the
@@ -20,7 +20,8 @@ from conftest import as_json, audited
 from kdg.errors import UsageError
 from kdg.flow.pipeline_file import load_pipeline
 from kdg.kafka.admin import ensure_topic
-from kdg.mapping.from_record import mapping_from_record, optional_columns, plan_changes, type_change
+from kdg.mapping.evolution import plan_changes, type_change
+from kdg.mapping.from_record import mapping_from_record, optional_columns
 from kdg.mapping.spec import Mapping
 from kdg.settings import table_name
 from kdg.store.pg import Store

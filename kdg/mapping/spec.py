@@ -39,7 +39,7 @@ TOMBSTONES = ("dead-letter", "delete", "ignore")
 TRUNCATES = ("dead-letter", "apply")
 ENVELOPES = ("none", "debezium")
 EVOLVE = ("none", "add-columns")
-INCOMPATIBLE = ("stop", "dead-letter")  # a field whose new type the table cannot take (kdg.mapping.from_record)
+INCOMPATIBLE = ("stop", "dead-letter")  # a field whose new type the table cannot take (kdg.mapping.evolution)
 _FILE_KEYS = {"table", "mode", "key", "on_tombstone", "on_truncate", "create_table", "columns", "envelope",
               "value_format", "key_format"}
 # the NAME of 'NAME [TYPE] = SOURCE': a double-quoted name may hold spaces and '=' (its rule: column_name)

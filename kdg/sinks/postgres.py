@@ -23,7 +23,7 @@ from kdg.store.pg import Store
 from kdg.store.rows import SinkRows, sink_row
 from kdg.store.unit import Part
 
-# a record schema's change (kdg.mapping.from_record.SchemaChange): why it is one; what evolve = none leaves
+# a record schema's change (kdg.mapping.evolution.SchemaChange): why it is one; what evolve = none leaves
 _WHY = {"add": "a field new to the table", "widen": "the field's type widened", "drop not null":
         "the field became optional"}
 _NOT_FOLLOWED = {"add": "its values are not written", "widen": "a value past the column's range is dead-lettered",
@@ -118,7 +118,7 @@ class PostgresSink(Sink):
 
     def _evolve(self, writer: TableWriter, records) -> list:
         """Columns from the records' schema: each record schema new to ``writer`` is met against its table
-        (:func:`~kdg.mapping.from_record.plan_changes`) before the batch that carries it is written. Under
+        (:func:`~kdg.mapping.evolution.plan_changes`) before the batch that carries it is written. Under
         ``evolve = "add-columns"`` a new field adds a nullable column, a widened type widens its column and a field
         that became optional drops its NOT NULL (:meth:`Store.evolve_table`); under ``none`` each is said once:
         never silent. A type the column cannot take stops the route (:class:`~kdg.errors.SchemaIncompatible`,
@@ -126,7 +126,8 @@ class PostgresSink(Sink):
         that schema's records to the dead-letter topic: returned as ``(record, reason, key)``."""
         from kdg.errors import SchemaIncompatible
         from kdg.mapping import RowMaker
-        from kdg.mapping.from_record import SchemaChange, mapping_from_record, optional_columns, plan_changes
+        from kdg.mapping.evolution import SchemaChange, plan_changes
+        from kdg.mapping.from_record import mapping_from_record, optional_columns
 
         mapping, table, dead = writer.target.mapping, writer.target.mapping.table, []
         for rec, key in records:
@@ -152,7 +153,8 @@ class PostgresSink(Sink):
                 if mapping.on_incompatible != "dead-letter":
                     raise SchemaIncompatible(f"{reason}; then start kdg again: it resumes at the batch it stopped "
                                              "before, none of which was written (or send such records to the "
-                                             'dead-letter topic: on_incompatible = "dead-letter" in a pipeline file\'s route)')
+                                             'dead-letter topic: on_incompatible = "dead-letter" in a pipeline '
+                                             "file's route)")
                 writer.refused[head] = reason = f"a schema change kdg does not apply: {reason}"
                 dead.append((rec, reason, key))
                 continue
@@ -181,7 +183,7 @@ class PostgresSink(Sink):
                                  "why": _WHY["add"]} for c in columns]
 
     def _said(self, table, change, said: str | None = None) -> None:
-        """Keep ``change`` (:class:`~kdg.mapping.from_record.SchemaChange`) for the report and its status line."""
+        """Keep ``change`` (:class:`~kdg.mapping.evolution.SchemaChange`) for the report and its status line."""
         done = {"add": "added", "widen": f"widened from {change.was}", "drop not null": "NOT NULL dropped"}
         self.schema_changes.append({"table": table.text, "column": change.column, "type": change.type,
                                     "change": said or done[change.change], "why": _WHY[change.change]})

@@ -83,7 +83,7 @@ class SinksMixin:
     def add_columns(self, table: TableName, columns) -> list:
         """Add each of ``columns`` (:class:`kdg.mapping.spec.Column`) the table lacks, nullable (see
         :meth:`evolve_table`). Returns the columns this call added."""
-        from kdg.mapping.from_record import SchemaChange
+        from kdg.mapping.evolution import SchemaChange
 
         done = {c.column for c in self.evolve_table(table, [SchemaChange(c.name, "add", c.type.name) for c in columns])}
         return [c for c in columns if c.name in done]
@@ -93,11 +93,11 @@ class SinksMixin:
         return self._run(inspect_table(self.conn, table))
 
     def evolve_table(self, table: TableName, changes) -> list:
-        """Apply ``changes`` (:class:`kdg.mapping.from_record.SchemaChange`: add a nullable column, widen one, drop
+        """Apply ``changes`` (:class:`kdg.mapping.evolution.SchemaChange`: add a nullable column, widen one, drop
         a NOT NULL) in one transaction under the table's evolution lock, each only if the table still needs it
         once the lock is held: two writers meeting the same change make it once. Returns the changes this call
         made (none while the table is not made yet: it is made with every column)."""
-        from kdg.mapping.from_record import type_change
+        from kdg.mapping.evolution import type_change
 
         async def evolve():
             async with self.conn.transaction():

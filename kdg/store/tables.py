@@ -100,7 +100,7 @@ def check_mapping(mapping: Mapping, shape: TableShape) -> Mapping:
 
     Columns from the records' schema (``from_schema``; not its ``extra_columns``) take the table's types: whether
     the table takes a schema's types is decided per schema as its records are written
-    (:func:`kdg.mapping.from_record.plan_changes`)."""
+    (:func:`kdg.mapping.evolution.plan_changes`)."""
     table = mapping.table.text
     if mapping.from_schema:
         mapping = replace(mapping, columns=tuple(replace(c, type=None) if c not in mapping.extra_columns
