@@ -149,6 +149,8 @@ def test_on_incompatible_dead_letter_sends_those_records_to_the_dlq_with_the_rea
     reasons = {h["value"] for d in dead for h in d["headers"] if h["name"] == "kdg-dlq-reason"}
     assert len(dead) == 100 and len(reasons) == 1, (len(dead), reasons)
     assert f"column qty of public.{table} is integer, and the record's schema now makes it text" in reasons.pop()
+    audit = audited(kdg, topic, "--table", table, "-G", group, "--id-from", "offset")
+    assert (audit["dead_lettered"], audit["lost"], audit["duplicates"]) == (100, 0, 0) and audit["balanced"], audit
 
 
 def test_add_columns_widens_a_type_drops_not_null_and_adds_a_field(kdg, conn, group):
