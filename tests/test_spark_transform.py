@@ -1,5 +1,6 @@
-"""Your logic on Spark: the same transforms give the same tables in `kdg consume` and `kdg spark-replay`, and a
-``--handler`` runs in each Spark task's transaction with only the rows it writes."""
+"""Your logic on Spark: the same transforms (a fan-out among them) give the same tables, counts and audit in `kdg
+consume`, `kdg spark-replay` and `kdg spark-stream`, and a ``--handler`` runs in each Spark task's transaction
+with only the rows it writes."""
 
 import json
 import os
@@ -7,7 +8,7 @@ import uuid
 import zipfile
 from decimal import Decimal
 
-from conftest import as_json, audited
+from conftest import audited
 from test_examples import copied, kdg_in, run
 from test_transforms import ORDERS
 
@@ -58,7 +59,14 @@ def _tables(conn, prefix: str) -> tuple:
                     f"SELECT idempotency_key, value FROM {prefix}_fragile")})
 
 
-def test_the_same_transforms_give_the_same_tables_in_consume_and_spark_replay(kdg, conn, topic, group, tmp_path):
+# how each engine runs the pipeline: consume to the end; spark-replay with its first task killed once a chunk
+# committed (both tables of the fan-out in one transaction); spark-stream until the data there is written
+ENGINES = {"consume": (("-e",), {}),
+           "spark-replay": (("--chunk-rows", 50), {"KDG_FAULT": "spark-task-mid-write"}),
+           "spark-stream": (("--trigger", "available-now"), {})}
+
+
+def test_the_same_transforms_give_the_same_tables_in_every_engine(kdg, conn, topic, group, tmp_path):
     topics = {"orders": topic, "fragile": f"t-{uuid.uuid4().hex[:10]}"}
     ensure_topic(conn.bootstrap_servers, topics["fragile"], partitions=3)
     src = tmp_path / "orders.txt"
@@ -71,35 +79,36 @@ def test_the_same_transforms_give_the_same_tables_in_consume_and_spark_replay(kd
                   check=False)
     assert missing.returncode == 2 and "shop_logic:nowhere" in missing.stderr, missing.stderr
 
-    reports, tables, audits = [], [], []
-    for engine in ("consume", "spark-replay"):
-        prefix = f"tx{uuid.uuid4().hex[:8]}"
+    reports, tables, audits, prefixes = {}, {}, {}, {}
+    for engine, (args, fault) in ENGINES.items():
+        prefix = prefixes[engine] = f"tx{uuid.uuid4().hex[:8]}"
         pipeline = tmp_path / f"{engine}.toml"
         pipeline.write_text(PIPELINE.format(prefix=prefix, **topics))
-        # Spark: its first task killed once a chunk committed (both tables of the fan-out in one transaction)
-        args, fault = ((("-G", group, "-e"), {}) if engine == "consume" else
-                       (("-G", f"spark-{group}", "--chunk-rows", 50), {"KDG_FAULT": "spark-task-mid-write"}))
-        reports.append(as_json(kdg(engine, "--pipeline", pipeline, "-g", "exactly-once", *args, "--json",
-                                   env={**env, **fault}, timeout=600)))
-        tables.append(_tables(conn, prefix))
-        audit = audited(kdg, "--pipeline", pipeline, *args[:2])
-        audits.append([(r["filtered"], r["lost"], r["duplicates"], r["unexpected"]) for r in audit["routes"]])
+        mine = f"{engine}-{group}"
+        proc = kdg(engine, "--pipeline", pipeline, "-G", mine, "-g", "exactly-once", *args, "--json",
+                   env={**env, **fault}, timeout=600)
+        reports[engine] = json.loads(proc.stdout.splitlines()[-1] if engine == "spark-stream" else proc.stdout)
+        tables[engine] = _tables(conn, prefix)
+        audit = audited(kdg, "--pipeline", pipeline, "-G", mine)
+        audits[engine] = [(r["filtered"], r["lost"], r["duplicates"], r["unexpected"]) for r in audit["routes"]]
 
     kept = [o for o in ORDERS if not o["test"]]
-    orders, lines, fragile = tables[0]
+    orders, lines, fragile = tables["consume"]
     assert orders == {o["id"]: sum(Decimal("2.35") * i["qty"] for i in o["items"]) for o in kept}
     assert lines == {(o["id"], n): (i["sku"], i["qty"]) for o in kept for n, i in enumerate(o["items"])}
     assert len(fragile) == len(ORDERS) - 4
-    assert tables[1] == tables[0]  # every table, row for row (the generic one: each key's transformed value)
-    consumed, replayed = reports
-    assert replayed["duplicates_dropped"] > 0 == consumed["duplicates_suppressed"], reports  # the retry's re-claims
-    assert set(replayed["tables"]) == {f"public.{prefix}_orders+public.{prefix}_order_lines",
-                                       f"public.{prefix}_fragile"}, replayed  # a fan-out's tables share one entry
-    assert replayed["filtered"] == consumed["filtered"] == len(ORDERS) - len(kept), reports
-    assert replayed["dead_lettered"] == consumed["dead_lettered"] == 4, reports
-    assert replayed["exploded"] == consumed["exploded"] > 0, reports
-    # the audit of either engine's tables: the filtered orders claimed as such (in the write's transaction)
-    assert audits[1] == audits[0] and sum(f for f, *_ in audits[0]) >= len(ORDERS) - len(kept), audits
+    # every table, row for row (the generic one: each key's transformed value), and the same counts
+    assert tables["spark-replay"] == tables["spark-stream"] == tables["consume"]
+    for name in ("filtered", "dead_lettered", "exploded"):
+        assert {e: r[name] for e, r in reports.items()} == dict.fromkeys(ENGINES, {
+            "filtered": len(ORDERS) - len(kept), "dead_lettered": 4,
+            "exploded": sum(len(o["items"]) for o in kept)}[name]), reports  # (a fan-out: the lines beyond the order)
+    assert reports["spark-replay"]["duplicates_dropped"] > 0, reports  # the retry re-claimed the dead attempt's
+    p = prefixes["spark-replay"]  # a fan-out's tables share one entry of the report
+    assert set(reports["spark-replay"]["tables"]) == {f"public.{p}_orders+public.{p}_order_lines", f"public.{p}_fragile"}
+    # the audit of each engine's tables: the filtered orders claimed as such (in the write's transaction)
+    assert audits["spark-replay"] == audits["spark-stream"] == audits["consume"], audits
+    assert [f for f, *_ in audits["consume"]] == [len(ORDERS) - len(kept)] * 2 + [0], audits
     # Spark's dead letters are consume's: the transform's error in kdg-error-type and kdg-error-message
     out = kdg("consume", f"{topics['fragile']}.dlq", "-G", f"dlq-{group}", "--sink", "stdout", "--format", "json",
               "-o", "beginning", "-e").stdout.splitlines()
@@ -108,7 +117,7 @@ def test_the_same_transforms_give_the_same_tables_in_consume_and_spark_replay(kd
     # may send it again
     messages = [h["kdg-error-message"] for h in headers]
     assert sorted(set(messages)) == sorted(f"order {i} has no customer" for i in (42, 142, 242, 342))
-    assert all(messages.count(m) >= len(reports) for m in messages), messages
+    assert all(messages.count(m) >= len(ENGINES) for m in messages), messages
     assert {h["kdg-error-type"] for h in headers} == {"ValueError"}
 
 
