@@ -496,3 +496,28 @@ def test_policy_mode_row(tmp_path):
     proc = _kdg("policy", "at-least-once", "--mode", "upsert", "--json")
     assert proc.returncode == 0, proc.stderr
     assert "effectively-once for this table" in json.loads(proc.stdout)["write_mode"]["effect"]
+
+
+def test_the_field_watch_reads_a_jsonconverter_payload_not_its_wrapper():
+    """Values in JsonConverter's {"schema", "payload"}: the watch holds the mapping against the payload's fields
+    (it once said every mapped field absent, and schema and payload unmapped), and still says a new one."""
+    import json as _json
+
+    from kdg.mapping import RowMaker, build_mapping
+    from kdg.records import Record
+
+    mapping = build_mapping(columns=["id bigint = json:id", "name text = json:name"], table="t", mode="upsert",
+                            key=("id",))
+    maker = RowMaker(mapping, watch=True)
+    fields = [{"type": "int64", "field": "id", "optional": False}, {"type": "string", "field": "name"}]
+
+    def wrapped(i, payload):
+        schema = {"type": "struct", "optional": False, "fields": fields + (
+            [{"type": "string", "field": "tier"}] if "tier" in payload else [])}
+        return (Record(_json.dumps({"schema": schema, "payload": payload}).encode(), None, [], 0, "t", i, 0), str(i))
+
+    maker.rows([wrapped(i, {"id": i, "name": f"n{i}"}) for i in range(300)])
+    assert maker.watch.news() == []
+    maker.watch._next = 0.0  # the watch looks once a second: this batch is looked at now
+    maker.rows([wrapped(i, {"id": i, "name": f"n{i}", "tier": "gold"}) for i in range(300, 600)])
+    assert [(n.kind, n.field) for n in maker.watch.news()] == [("unmapped", "tier")]

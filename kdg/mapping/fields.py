@@ -21,6 +21,7 @@ Example:
 import time
 from dataclasses import dataclass
 
+from kdg.mapping.record_schemas import is_wrapped
 from kdg.mapping.spec import Mapping
 
 UNMAPPED_EVERY = 64  # the rows whose fields are listed: every this many of a batch (and its first)
@@ -92,6 +93,10 @@ class FieldWatch:
     def see(self, i: int, row) -> None:
         if type(row) is not dict:
             return
+        if is_wrapped(row):  # JsonConverter's {"schema", "payload"}: the fields are the payload's
+            row = row["payload"]
+            if type(row) is not dict:
+                return
         if self.missing:
             self.missing.difference_update([f for f in self.missing if f in row])
         if i % UNMAPPED_EVERY == 0:
