@@ -311,7 +311,7 @@ def _loop(req, policy, keys, consumer, offsets, sink, end, report, metrics) -> N
                 req.notice(f"claim maintenance of {skipped.sink_table} skipped: {skipped.skipped}")
             for note in sink.healed():
                 req.notice(f"warning: {note}")
-            _schema_changes(req, sink, report)
+            _schema_changes(req, sink, report, metrics)
             _field_notes(req, sink, report, metrics)
             _cdc_counts(req, sink, report)
             stop = _stop_reason(req, got, end, report, last_data, sink.records_in_flight)
@@ -352,15 +352,16 @@ def _field_notes(req, sink, report, metrics) -> None:
     metrics.mapping_fields(report.topic, sink.field_counts())
 
 
-def _schema_changes(req, sink, report) -> None:
+def _schema_changes(req, sink, report, metrics) -> None:
     """Say each change the records' schema made to a table since last asked (or, under evolve = none, asked of
-    it), and keep it in the report."""
+    it), keep it in the report and count it (``kdg_schema_changes_total{table, change}``)."""
     changes = getattr(sink, "schema_changes", None)
     while changes:
         change = changes.pop(0)
         req.notice(f"{change['table']}: column {change['column']} {change['type']} {change['change']} "
                    f"({change['why']})")
         report.schema_changes.append(change)
+        metrics.schema_changed(change["table"], change["change"].split(" (")[0])
 
 
 def _cdc_counts(req, sink, report) -> None:

@@ -78,6 +78,9 @@ class Metrics:
                                registry=reg)
         self.filtered = Counter("kdg_records_filtered", "Records left out on purpose (a tombstone under "
                                 "on_tombstone = ignore).", t, registry=reg)
+        self.schema_changes = Counter("kdg_schema_changes", "Changes the records' schema made, or asked of, a table "
+                                      "(change: added, widened, NOT NULL dropped, not followed, ...).",
+                                      g + ["table", "change"], registry=reg)
         self.mapping_field_gauge = Gauge("kdg_mapping_fields", "A typed sink's mapping against its records: mapped "
                                          "fields no record of a batch had (kind=absent), fields no column maps "
                                          "(kind=unmapped).", t + ["kind"], registry=reg)
@@ -221,6 +224,10 @@ class Metrics:
         if self.enabled:
             for kind, n in counts.items():
                 self.mapping_field_gauge.labels(self.guarantee, topic, kind).set(n)
+
+    def schema_changed(self, table: str, change: str) -> None:
+        if self.enabled:
+            self.schema_changes.labels(self.guarantee, table, change).inc()
 
     def outage(self, seconds: float) -> None:
         if self.enabled:
