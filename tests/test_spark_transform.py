@@ -124,7 +124,7 @@ def test_the_same_transforms_give_the_same_tables_in_every_engine(kdg, conn, top
 def test_the_handler_runs_in_each_spark_task_transaction_with_the_rows_it_writes(stack, conn, topic, tmp_path):
     """examples/balances' handler on Spark, imported from the current directory as `python -m` finds modules: every
     payment sent twice, each moves its balance once (the handler never sees a duplicate the claims suppressed); at
-    least once, each twice."""
+    least once, each twice. A handler that never awaits its calls commits nothing."""
     accounts, payments = f"acc_{uuid.uuid4().hex[:8]}", f"pay_{uuid.uuid4().hex[:8]}"
     here = copied("balances", tmp_path, {"accounts": accounts})
     with Store(conn.pg_dsn) as store:
@@ -145,6 +145,15 @@ def test_the_handler_runs_in_each_spark_task_transaction_with_the_rows_it_writes
         # at-least-once keeps no claims: the handler is given every payment sent, each duplicate moving it again
         assert (report["rows_written"], report["duplicates_dropped"]) == (300 * times, 600 - 300 * times), report
         assert balances == {a: n * times for a, n in expected.items()}, guarantee
+    # a sync handler whose asyncpg calls never ran: each task's transaction rolled back, one error line, exit 2
+    (here / "lazy.py").write_text("def apply(rows, conn):\n    for row in rows:\n"
+                                  f"        conn.execute('UPDATE {accounts} SET balance = balance + 1')\n")
+    lazy = kdg_in(stack, here, "spark-replay", topic, "-g", "exactly-once", "--table", f"{payments}_lazy", "--handler",
+                  "lazy:apply", code=2)
+    assert "without awaiting it" in lazy.stderr.splitlines()[-1], lazy.stderr
+    with Store(conn.pg_dsn) as store:
+        assert store.fetchval(f"SELECT count(*) FROM {payments}_lazy") == 0
+        assert {r["id"]: r["balance"] for r in store.fetch(f"SELECT id, balance FROM {accounts}")} == balances
 
 
 def test_a_cluster_gets_the_transforms_module_with_kdg(tmp_path, monkeypatch):
