@@ -14,6 +14,11 @@ Rows (rows/s; medians of --repeat, measurements interleaved in rotated order):
                                           3 tables by a --table template, one transaction per batch across
                                           them (issue 45's goal: at least 0.9x) — only if `kdg consume --help`
                                           lists --topic-pattern
+  consume exactly-once, a trivial     a typed route (JSON orders through a mapping, upsert) with `--transform` of a function that
+  transform                               returns its input, against the same route without one; the ratio is of
+                                          consumer CPU-s per million records, and their difference is the
+                                          transform's cost per record (issue 46's budget: 1 µs) — only if `kdg
+                                          consume --help` lists --transform
   the same, start-up excluded         each process's CPU for a 3-record topic (start-up: imports, connections,
                                           the group join) taken off before dividing by the records: the
                                           CPU per record of a pipeline that runs for long
@@ -32,6 +37,7 @@ import resource
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from common import _machine_ticks, drop_sink_tables, drop_topic, fresh_topic, kdg_json, postgres_cpu, run_measured, sql
 from measures import BASELINE, Measures, row
@@ -39,6 +45,7 @@ from measures import BASELINE, Measures, row
 from kdg.settings import table_name
 
 BATCH = 10_000
+HERE = str(Path(__file__).resolve().parent)  # benchmarks/: bench_logic's transforms
 COPY_ROWS_MAX = 500_000  # the reference's rate does not depend on more; its rows are built in memory first
 
 
@@ -52,6 +59,32 @@ def lists_option(kdg_path: str, command: str, option: str) -> bool:
     env = {**os.environ, "PYTHONPATH": kdg_path, "COLUMNS": "250", "NO_COLOR": "1"}
     out = subprocess.run([sys.executable, "-P", "-m", "kdg", command, "--help"], capture_output=True, text=True, env=env)
     return f"{option} " in out.stdout or f"{option}\n" in out.stdout
+
+
+def kdg_consume_typed(layout, topic: str, kdg_path: str, *extra) -> dict:
+    """`kdg consume -e` of ``topic``'s JSON orders (typed_sink_bench's) through a mapping into a fresh table; its rate
+    and CPU. ``extra``: more options (a --transform: its module is found in benchmarks/)."""
+    from typed_sink_bench import COLUMNS
+
+    table, group = fresh_table("typed"), fresh_topic("g")
+    mapping = Path(f"/tmp/kdg-bench-{group}.toml")
+    mapping.write_text(f'table = "{table.text}"\nmode = "upsert"\nkey = ["order_id"]\ncreate_table = true\n'
+                       "[columns]\n" + "".join(f'{c} = {{ type = "{t}", from = "{s}" }}\n' for c, t, s in COLUMNS))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([kdg_path, HERE]),
+           "KDG_BOOTSTRAP_SERVERS": layout.bootstrap_servers, "KDG_PG_DSN": layout.pg_dsn}
+    pg_before = postgres_cpu(layout)
+    try:
+        out, usage = run_measured([sys.executable, "-P", "-m", "kdg", "consume", topic, "-G", group, "-g",
+                                   "exactly-once", "--mapping", str(mapping), "--id-from", "json:id", "-e",
+                                   "--batch-size", str(BATCH), *map(str, extra), "--json"], env)
+        time.sleep(0.5)
+        pg_after = postgres_cpu(layout)
+    finally:
+        mapping.unlink(missing_ok=True)
+        drop_sink(layout, table, group)
+    report = json.loads(out)
+    return {"rate": report["msgs_per_s"], "records": report["consumed"],
+            "pg_cpu_s": None if pg_before is None else round(pg_after - pg_before, 2), **usage.to_dict()}
 
 
 def drop_sink(layout, table, group: str) -> None:
@@ -167,6 +200,12 @@ def consume_rows(layout, measures: Measures, records: int, repeat: int, here: st
     for part in split:  # the same records over three topics
         kdg_json(layout, "produce", part, "-g", "exactly-once", "--count", records // 3, "--size", 100,
                  "--txn-size", 100_000, "--no-ledger")
+    logic = lists_option(here, "consume", "--transform")
+    typed = ""
+    if logic:  # JSON orders for the typed route, with and without a transform
+        from typed_sink_bench import produce as produce_orders
+
+        typed = produce_orders(layout, records)
     print(f"consume: {records} records of 100 B, --batch-size {BATCH}; `kdg consume --pipeline` "
           + ("found: --pipeline 0 measured too" if pipeline else "not found: no --pipeline row"))
     runs = {
@@ -180,6 +219,10 @@ def consume_rows(layout, measures: Measures, records: int, repeat: int, here: st
         runs["consume EOS pipeline 0"] = lambda: kdg_consume(layout, topic, "exactly-once", here, depth, 0)
     if many:
         runs["consume EOS 3 topics"] = lambda: kdg_consume_many(layout, split, "exactly-once", here)
+    if logic:
+        runs["consume EOS typed"] = lambda: kdg_consume_typed(layout, typed, here)
+        runs["consume EOS typed, transform"] = lambda: kdg_consume_typed(layout, typed, here, "--transform",
+                                                                         "bench_logic:identity")
     if baseline:
         runs["consume EOS" + BASELINE] = lambda: kdg_consume(layout, topic, "exactly-once", baseline)
         runs["consume ALO" + BASELINE] = lambda: kdg_consume(layout, topic, "at-least-once", baseline)
@@ -193,6 +236,8 @@ def consume_rows(layout, measures: Measures, records: int, repeat: int, here: st
         drop_topic(layout, tiny)
         for part in split:
             drop_topic(layout, part)
+        if typed:
+            drop_topic(layout, typed)
     out = [row(measures, "consume exactly-once → Postgres (rows/s)", "consume EOS", "asyncpg COPY",
                "one asyncpg COPY"),
            row(measures, "consume at-least-once → Postgres (rows/s)", "consume ALO", "asyncpg COPY",
@@ -203,6 +248,14 @@ def consume_rows(layout, measures: Measures, records: int, repeat: int, here: st
     if many:
         out.append(row(measures, "consume exactly-once → Postgres, 3 topics into 3 tables (rows/s)",
                        "consume EOS 3 topics", "consume EOS", "one topic into one table"))
+    if logic:
+        cost = cpu_row(measures, "consume exactly-once, typed route: a trivial transform's CPU per record over none "
+                       "(CPU-s/M ratio, lower is better)", "consume EOS typed, transform", "consume EOS typed",
+                       "the same route without one")
+        cost["transform_us_per_record"] = round(cost["kdg"]["cpu_s_per_m"] - cost["reference"]["cpu_s_per_m"], 2)
+        print(f"a trivial transform costs {cost['transform_us_per_record']} µs of consumer CPU per record "
+              "(budget 1 µs; medians of CPU-s per million records, start-up included on both sides)")
+        out.append(cost)
     out.append(cpu_row(measures, "consume exactly-once → Postgres: CPU per record over the floor's (CPU-s/M ratio, "
                        "lower is better)", "consume EOS", "floor", "bare confluent-kafka loop"))
     out.append(startup_excluded_row(measures, "consume exactly-once → Postgres: CPU per record over the floor's, "
