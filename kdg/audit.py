@@ -387,8 +387,9 @@ def _sink_keys(store, table, topic: str, report: AuditReport) -> tuple[str, str 
     columns = _columns(store, table)
     if not columns or _KDG_SHAPE <= columns:  # kdg's shape (or no table: Postgres says so)
         return _GOT_PG.format(table=table.sql), None, True
-    claims = store.fetchval("SELECT EXISTS (SELECT 1 FROM kdg_dedup WHERE sink_table = $1 AND topic = $2)",
-                            table.text, topic)
+    # (a transform's filtered marks, kept under any guarantee, do not make a table one written under exactly-once)
+    claims = store.fetchval("SELECT EXISTS (SELECT 1 FROM kdg_dedup WHERE sink_table = $1 AND topic = $2 "
+                            "AND filtered IS NOT TRUE)", table.text, topic)
     # without a topic column, a key claimed from another topic only (two topics feeding one table) is that topic's
     where = "topic = $1" if "topic" in columns else _OTHER_TOPICS.format(table=table.sql)
     if claims and "idempotency_key" in columns:

@@ -201,7 +201,9 @@ def _consume(req: ConsumeRequest, policy, kind: str, router: Router, keys: Keys,
     try:
         dlq = DeadLetterQueue(policy, bootstrap, None, extra, req.group)  # each to its source topic's TOPIC.dlq
         metrics.not_ready = "waiting for Postgres" if kind == "postgres" else "starting"
-        on_table = _claim_windows(req, report) if policy.dedup and kind == "postgres" else None
+        # claims: exactly-once's, and under any guarantee the marks of what a transform filtered out (kdg audit)
+        logic = any(r.transform is not None or r.fan is not None for r in router.routes)
+        on_table = _claim_windows(req, report) if (policy.dedup or logic) and kind == "postgres" else None
         sink = wait_until_up("Postgres", lambda: _make_sink(req, policy, router, dlq, consumer, on_table),
                              req.wait_timeout, req.shutdown, req.notice)
         checked: set[str] = set()
@@ -270,7 +272,8 @@ def _by_topic(partitions) -> dict[str, list[int]]:
 
 
 def _claim_windows(req: ConsumeRequest, report: ConsumeReport):
-    """Exactly-once into Postgres: each table's claim window, decided as the first topic routed to it is."""
+    """Each table's claim window, decided as the first topic routed to it is: exactly-once's claims, and the
+    filtered marks of a route with a transform under any guarantee (:mod:`kdg.store.filtered`)."""
     from kdg.retention import decide_dedup_window, show
 
     def on_table(store, table, topic: str, sink) -> None:

@@ -84,7 +84,7 @@ class UnitMixin:
         next}`` under ``fences`` (and ``expected``, pipelined) — moved. ``dead_letter(part, result)`` runs
         before the commit for each part with refused rows or unreadable records, so they are durable before
         the offsets that account for them move. ``turn``: a pipelined batch's place (:mod:`kdg.sinks.pipeline`).
-        ``filtered``: per table, what its transform filtered out, claimed as such when ``claim``
+        ``filtered``: per table, what its transform filtered out, claimed as such under every guarantee
         (:mod:`kdg.store.filtered`)."""
         return self._run(self._write_unit(parts, group, claim, offsets, fences, expected, handler, dead_letter,
                                           before_commit, turn, filtered))
@@ -110,7 +110,7 @@ class UnitMixin:
                 results[i], handed[i] = await part.write(self, group, claim, handler is not None, claimed.get(i))
                 if dead_letter is not None:
                     dead_letter(part, results[i])
-            if claim and filtered:  # with the batch's other claims: a kill cannot keep one and lose the other
+            if filtered:  # with the batch's rows (and claims): a kill cannot keep one and lose the other
                 await mark_filtered(self, filtered, {c.claims.window.relation for c in claimed.values()})
             if turn is not None:
                 turn.claimed()
