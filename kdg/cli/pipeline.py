@@ -22,7 +22,9 @@ def check(
     props: Properties = None, profile: Profile = None, as_json: Json = False,
 ) -> None:
     """Check a pipeline file's routes: the topics each takes, the table each resolves to and whether it matches;
-    writes nothing. Exit 2 for a bad file, a topic two routes take, or a table a template cannot name."""
+    for a route with columns = "from-schema", what evolution would do to its table for the newest record's schema.
+    Writes and alters nothing. Exit 2 for a bad file, a topic two routes take, a table a template cannot name, or
+    a schema change that would stop a route."""
     from kdg.errors import UsageError
     from kdg.flow.check import FROM_EVENTS, run_pipeline_check
     from kdg.settings import connection
@@ -43,6 +45,9 @@ def check(
                 else:
                     console.print(Text(f"  {t.topic} → {t.table or FROM_EVENTS}"
                                        + ("" if report.offline else f" (table {t.table_state})")), soft_wrap=True)
+                for line in (t.evolution or {}).get("lines", ()):  # columns from the schema: evolution, previewed
+                    style = "bad" if line.startswith("incompatible") else "dim" if line == "up to date" else None
+                    console.print(Text(f"    {line}", style=style or ""), soft_wrap=True)
             for note in route.notes:
                 console.print(Text(f"  {note}", style="dim"), soft_wrap=True)
         if report.ok:

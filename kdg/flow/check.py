@@ -6,6 +6,8 @@ cluster: the topics each route takes, the table each resolves to (a ``{source.*}
 topic's events), a topic two routes take, and each table as Postgres has it (a typed route's checked against
 its mapping, as ``kdg mapping check`` does). Each refused topic or table is a *problem* naming the route, the
 topic and the name; a pattern that matches nothing yet is only a note (CDC topics appear with their first change).
+A ``columns = "from-schema"`` route's table is held against the schema of its topic's newest record: what
+evolution would do to it (:mod:`kdg.mapping.preview`), and a change that would stop the route is a problem.
 """
 
 from dataclasses import asdict, dataclass, field
@@ -28,6 +30,7 @@ class TopicTarget:
     table: str | None           # None: told by the topic's first event, none read
     table_state: str = "not checked"  # exists | would be created | created on first write | not checked | refused
     problem: str | None = None  # why the topic (or its table) is refused
+    evolution: dict | None = None  # columns from the schema: what the newest record's asks of the table (a preview)
 
 
 @dataclass
@@ -160,10 +163,40 @@ def _check_tables(report: PipelineCheckReport, router: Router, checks: dict[str,
                 if found.table is None:
                     found.table_state = f"{FROM_EVENTS} (none read yet)"
                     continue
+                if route.mapping is not None and route.mapping.from_schema:
+                    found.table_state = _evolution(store, conn, router.target(found.topic), found, report)
+                    continue
                 key = (route.name, found.table)
                 if key not in states:
                     states[key] = _table_state(store, router.target(found.topic), report)
                 found.table_state = states[key]
+
+
+def _evolution(store, conn: Connection, target, found: TopicTarget, report: PipelineCheckReport) -> str:
+    """Columns from the schema: the newest record of ``found.topic`` that carries one, planned against the table
+    (nothing altered); returns the table's state. A change that would stop the route is a problem."""
+    from kdg.mapping.check import latest_records
+    from kdg.mapping.preview import preview_records
+
+    where = f"{target.route.name}: topic {found.topic}: table {target.table.text}"
+    try:
+        preview = preview_records(store, target.mapping, latest_records(conn, found.topic, EVENTS_READ))
+    except UsageError as exc:
+        report.problems.append(f"{where}: {exc}")
+        return "refused"
+    if preview is None:
+        identity = store.resolve_table(target.table)
+        there = store.fetchval("SELECT to_regclass($1) IS NOT NULL", identity.sql)
+        found.evolution = {"table": identity.text, "state": "exists" if there else "created on first write",
+                           "changes": [], "lines": ["no record with a schema read yet: the columns come with the "
+                                                    "first"], "stops": None}
+        return found.evolution["state"]
+    found.evolution = asdict(preview)
+    if preview.state == "does not exist":
+        report.problems.append(f"{where}: {preview.lines[0]}")
+    elif preview.stops is not None:
+        report.problems.append(f"{where}: its newest record would stop the route: {preview.stops}")
+    return preview.state
 
 
 def _table_state(store, target, report: PipelineCheckReport) -> str:
