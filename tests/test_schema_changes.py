@@ -6,12 +6,16 @@ key ``on_incompatible``. Then on the stack: a field that turns from int32 to str
 ``integer`` stops the route with one error line naming what to run, nothing written past it; after that ALTER
 TABLE a restart finishes with nothing lost; with ``on_incompatible = "dead-letter"`` the same records go to the
 dead-letter topic with the reason; and under add-columns a widened type, a field become optional and a new one
-are followed.
+are followed. What evolution would do, `kdg pipeline check` and `kdg mapping from-schema --preview` show without
+doing it; and two members of one group meeting a new field at once add its column once.
 """
 
 import json
 import re
+import signal
+import time
 import uuid
+from pathlib import Path
 
 import pytest
 from confluent_kafka import Producer
@@ -26,6 +30,7 @@ from kdg.mapping.spec import Mapping
 from kdg.settings import table_name
 from kdg.store.pg import Store
 
+SCHEMAS = Path(__file__).parent / "schemas"
 KEY = {"type": "struct", "fields": [{"field": "id", "type": "int64", "optional": False}]}
 
 
@@ -181,3 +186,152 @@ def test_add_columns_widens_a_type_drops_not_null_and_adds_a_field(kdg, conn, gr
         shape = store.fetch("SELECT format_type(atttypid, NULL) AS type, attnotnull FROM pg_attribute "
                             "WHERE attrelid = $1::regclass AND attname = 'qty'", table)[0]
     assert got == want and (shape["type"], shape["attnotnull"]) == ("bigint", False), (shape, got)
+
+
+# -- evolution previewed: pipeline check and mapping from-schema alter nothing ------------------------
+
+def table_columns(conn, table: str) -> list[tuple]:
+    """The table as the catalog has it: (column, type, NOT NULL) in order."""
+    with Store(conn.pg_dsn) as store:
+        return [tuple(r) for r in store.fetch(
+            "SELECT attname::text, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute "
+            "WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum", table)]
+
+
+def test_pipeline_check_shows_what_evolution_would_do_to_each_table_and_alters_nothing(kdg, conn, tmp_path):
+    """Three from-schema routes against tables made before their schemas grew: one whose newest record adds,
+    widens and makes optional; one whose table already fits; one whose qty became a string (it would stop)."""
+    names = [f"preview_{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    producer = Producer({"bootstrap.servers": conn.bootstrap_servers})
+    with Store(conn.pg_dsn) as store:
+        for name in names:
+            ensure_topic(conn.bootstrap_servers, name, partitions=2)
+            store.execute(f"CREATE TABLE {name} (id bigint PRIMARY KEY, qty integer NOT NULL)")
+    for i in range(10):  # the older records fit every table; the newest differ
+        for name in names:
+            producer.produce(name, value({"id": i, "qty": i}, qty=("int32", False)), key(i), partition=i % 2)
+    producer.produce(names[0], value({"id": 10, "qty": 2**40, "tier": "gold"}, qty=("int64", True),
+                                     tier=("string", True)), key(10), partition=0)
+    producer.produce(names[2], value({"id": 10, "qty": "ten"}, qty=("string", False)), key(10), partition=1)
+    producer.flush(30)
+    routes = "".join(f'[[route]]\ntopics = ["{n}"]\ntable = "{n}"\ncolumns = "from-schema"\nevolve = "add-columns"\n'
+                     for n in names[:2])
+    pipeline = tmp_path / "routes.toml"
+    pipeline.write_text(routes)
+    before = {n: table_columns(conn, n) for n in names}
+
+    report = as_json(kdg("pipeline", "check", pipeline, "--json"))
+    evolution = {t["topic"]: t["evolution"] for r in report["routes"] for t in r["topics"]}
+    assert evolution[names[0]]["lines"] == ["would widen qty integer → bigint", "would drop NOT NULL of qty",
+                                            "would add column tier text"], evolution
+    assert [(c["column"], c["change"]) for c in evolution[names[0]]["changes"]] == [
+        ("qty", "widen"), ("qty", "drop not null"), ("tier", "add")]
+    assert evolution[names[1]]["lines"] == ["up to date"] and report["ok"], report
+    text = kdg("pipeline", "check", pipeline).stdout
+    assert "    would add column tier text\n" in text and "    up to date\n" in text, text
+
+    pipeline.write_text(routes + f'[[route]]\ntopics = ["{names[2]}"]\ntable = "{names[2]}"\n'
+                        'columns = "from-schema"\nevolve = "add-columns"\n')
+    stops = kdg("pipeline", "check", pipeline, check=False)
+    assert stops.returncode == 2, stops.stderr
+    assert f"incompatible: column qty of public.{names[2]} is integer, and the record's schema now makes it text" \
+        in stops.stdout and "(stops the route)" in stops.stdout, stops.stdout
+    assert f"error: route 3: topic {names[2]}: table {names[2]}: its newest record would stop the route" \
+        in stops.stderr, stops.stderr
+    pipeline.write_text(pipeline.read_text() + 'on_incompatible = "dead-letter"\n')
+    sent = kdg("pipeline", "check", pipeline).stdout
+    assert '(its records go to the dead-letter topic: on_incompatible = "dead-letter")' in sent, sent
+    assert {n: table_columns(conn, n) for n in names} == before  # nothing altered
+
+
+def test_mapping_from_schema_previews_evolution_of_the_live_table(kdg, conn, schema_registry, tmp_path):
+    """The registry subject's Avro order against a table of an older shape: what evolve = "add-columns" would
+    do, on stderr (the TOML still on stdout) and in --json; the table untouched."""
+    from kdg.schemas.registry import Registry
+
+    subject, table = f"preview-{uuid.uuid4().hex[:8]}-value", f"preview_{uuid.uuid4().hex[:8]}"
+    Registry({"url": schema_registry}).register(subject, (SCHEMAS / "order_v1.avsc").read_text(), "AVRO")
+    with Store(conn.pg_dsn) as store:
+        store.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, version smallint NOT NULL, customer text, "
+                      "note text NOT NULL)")
+    before = table_columns(conn, table)
+    env = {"KDG_SCHEMA_REGISTRY": schema_registry}
+    shown = kdg("mapping", "from-schema", subject, "--table", table, "--key", "id", "--preview", env=env)
+    assert shown.stdout.startswith(f"# kdg mapping from-schema {subject}") and "[columns]" in shown.stdout
+    assert shown.stderr.splitlines() == [
+        f"evolution of public.{table} (table exists), nothing altered:", "  would widen version smallint → integer",
+        "  would add column amount numeric(12,2)", "  would add column placed_at timestamptz",
+        "  would add column tags text[]", "  would drop NOT NULL of note"], shown.stderr
+    report = as_json(kdg("mapping", "from-schema", subject, "--table", table, "--preview", "--json", env=env))
+    assert report["evolution"]["state"] == "exists" and len(report["evolution"]["changes"]) == 5, report
+    assert table_columns(conn, table) == before  # nothing altered
+
+
+# -- two members of one group meet the new field at once ----------------------------------------------
+
+def _wait(check, what: str, members, timeout: float = 20):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in members:
+            assert proc.poll() is None, f"a member exited {proc.returncode} waiting for {what}: {proc.stderr.read()}"
+        if check():
+            return
+        time.sleep(0.2)
+    for proc in members:
+        proc.kill()
+    raise AssertionError(f"no {what} within {timeout} s: {[p.communicate()[1][-1500:] for p in members]}")
+
+
+def test_two_members_meeting_a_new_field_at_once_add_its_column_once(kdg_spawn, kdg, conn, group):
+    """Each member of the group holds one partition; both have written the old schema's records. The test holds
+    the table's evolution lock while the new field arrives in both partitions, until both members wait on it:
+    they meet the change at once. One adds the column, the other takes it up; no error, 0 lost, 0 duplicated."""
+    from confluent_kafka.admin import AdminClient
+
+    topic, table = f"race-{uuid.uuid4().hex[:8]}", f"race_{uuid.uuid4().hex[:8]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=2)
+    with Store(conn.pg_dsn) as store:
+        store.execute(f"CREATE TABLE {table} (id bigint PRIMARY KEY, qty bigint)")
+    members = [kdg_spawn("consume", topic, "-G", group, "-g", "exactly-once", "--table", table, "--columns",
+                         "from-schema", "--evolve", "add-columns", "--id-from", "offset", "--batch-size", 20, "--json")
+               for _ in range(2)]
+    admin = AdminClient({"bootstrap.servers": conn.bootstrap_servers})
+
+    def one_partition_each() -> bool:
+        found = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+        held = [len(m.assignment.topic_partitions) for m in found.members]
+        return str(found.state).endswith("STABLE") and held == [1, 1]
+
+    producer, written = Producer({"bootstrap.servers": conn.bootstrap_servers}), Store(conn.pg_dsn)
+    try:
+        _wait(one_partition_each, "two members holding a partition each", members)
+        for i in range(40):  # the old schema, 20 records a partition
+            producer.produce(topic, value({"id": i, "qty": i}), key(i), partition=i % 2)
+        producer.flush(30)
+        count = lambda: written.fetchval(f"SELECT count(*) FROM {table}")  # noqa: E731
+        _wait(lambda: count() == 40, "the old schema's 40 rows", members)
+        written.execute("SELECT pg_advisory_lock(hashtext($1))", f"kdg-evolve:public.{table}")
+        for i in range(40, 80):  # a field new to the table, at offset 20 of both partitions
+            producer.produce(topic, value({"id": i, "qty": i, "tier": f"t{i % 3}"}, tier=("string", True)), key(i),
+                             partition=i % 2)
+        producer.flush(30)
+        waiting = ("SELECT count(*) FROM pg_locks w JOIN pg_locks mine ON mine.pid = pg_backend_pid() AND "
+                   "mine.locktype = 'advisory' AND (w.classid, w.objid, w.objsubid) = (mine.classid, mine.objid, "
+                   "mine.objsubid) WHERE w.locktype = 'advisory' AND NOT w.granted")
+        _wait(lambda: written.fetchval(waiting) == 2, "both members waiting to evolve the table", members)
+        written.execute("SELECT pg_advisory_unlock(hashtext($1))", f"kdg-evolve:public.{table}")
+        _wait(lambda: count() == 80, "all 80 rows", members)
+        got = dict(written.fetch(f"SELECT id, tier FROM {table}"))
+    finally:
+        written.close()
+        for proc in members:
+            proc.send_signal(signal.SIGTERM)
+    outcomes = [proc.communicate(timeout=60) for proc in members]
+    for proc, (_, err) in zip(members, outcomes):
+        assert proc.returncode == 0 and "error:" not in err, err
+    changes = sorted(c["change"] for out, _ in outcomes for c in json.loads(out)["schema_changes"])
+    assert changes == ["added", "taken up (added before)"], changes
+    assert got == {i: None if i < 40 else f"t{i % 3}" for i in range(80)}
+    assert [c[0] for c in table_columns(conn, table)] == ["id", "qty", "tier"]
+    audit = audited(kdg, topic, "--table", table, "-G", group, "--id-from", "offset")
+    assert (audit["lost"], audit["duplicates"]) == (0, 0) and audit["balanced"], audit

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from kdg.cli.options import Bootstrap, Json, PgDsn, Profile, Properties, SchemaRegistry
-from kdg.cli.render import console, plain, print_json
+from kdg.cli.render import console, err_console, plain, print_json
 
 app = typer.Typer(help="Typed sinks: check a mapping file (record fields → your table's columns), or derive one "
                   "from a Schema Registry subject.",
@@ -80,26 +80,42 @@ def from_schema(
     key: Annotated[Optional[list[str]], typer.Option("--key", help="A key column (repeatable): the mapping "
                    "upserts on it, and --create-table makes it the primary key.")] = None,
     out: Annotated[Optional[Path], typer.Option("-o", "--output", help="Write the TOML here, not to stdout.")] = None,
-    schema_registry: SchemaRegistry = None, props: Properties = None, profile: Profile = None, as_json: Json = False,
+    preview: Annotated[bool, typer.Option("--preview", help="Also show what evolution (evolve = \"add-columns\") "
+                       "would do to the live table (--table, in --pg-dsn) for this schema; alters nothing.")] = False,
+    pg_dsn: PgDsn = None, schema_registry: SchemaRegistry = None, props: Properties = None, profile: Profile = None,
+    as_json: Json = False,
 ) -> None:
-    """Print a mapping (TOML, for --mapping) whose columns are the schema's top-level fields, typed for Postgres."""
+    """Print a mapping (TOML, for --mapping) whose columns are the schema's top-level fields, typed for Postgres;
+    with --preview, what evolution would do to the table as it is now (on stderr, the TOML staying on stdout)."""
     import json
+    from dataclasses import asdict
 
     from kdg.schemas.derive import derive_mapping, detect_format, to_toml
     from kdg.schemas.registry import Registry
     from kdg.settings import connection, table_name
 
-    conn = connection(properties=props, profile=profile, schema_registry=schema_registry)
+    conn = connection(pg_dsn=pg_dsn, properties=props, profile=profile, schema_registry=schema_registry)
     schema_id, text, schema_type, version = Registry(conn.registry).latest(subject)
     fmt = detect_format(text, schema_type)
     name = table or subject.removesuffix("-value").lower().replace("-", "_").replace(".", "_")
     doc = derive_mapping(text, fmt, table_name(name).text, tuple(key or ()))
+    evolution = None
+    if preview:
+        from kdg.mapping.preview import preview_subject
+
+        evolution = preview_subject(conn.pg_dsn, doc, text, fmt)
     if as_json:
-        print(json.dumps({"subject": subject, "version": version, "schema_id": schema_id, "mapping": doc}))
+        print(json.dumps({"subject": subject, "version": version, "schema_id": schema_id, "mapping": doc}
+                         | ({"evolution": asdict(evolution)} if evolution is not None else {})))
         return
     toml = f"# kdg mapping from-schema {subject}: version {version}, schema id {schema_id} ({fmt})\n" + to_toml(doc)
     if out is None:
         print(toml, end="")
-        return
-    out.write_text(toml, encoding="utf-8")
-    console.print(f"wrote {out}: {len(doc['columns'])} columns of {subject} version {version} → {doc['table']}")
+    else:
+        out.write_text(toml, encoding="utf-8")
+        console.print(f"wrote {out}: {len(doc['columns'])} columns of {subject} version {version} → {doc['table']}")
+    if evolution is not None:
+        said = err_console if out is None else console
+        said.print(plain(f"evolution of {evolution.table} (table {evolution.state}), nothing altered:"))
+        for line in evolution.lines:
+            said.print(plain(f"  {line}"))
