@@ -387,7 +387,7 @@ class PostgresSink(Sink):
         are counted filtered (nothing to write), the others are dead letters with the reason."""
         if batch.rows is not None:  # one poll, sorted per batch: the generic table's rows (kdg.batching)
             return self._row_parts(batch.rows), 0, []
-        groups: dict[str, tuple[TableWriter, list]] = {}
+        groups: dict[int, tuple[TableWriter, list]] = {}  # by writer: one per table
         unrouted, unnamed = 0, []
         for pair in batch.records:
             rec = pair[0]
@@ -400,9 +400,10 @@ class PostgresSink(Sink):
                     if control is not None:
                         self.skipped[rec.topic, control] += 1
                 else:
+        last = entry = None  # a batch comes in runs of one topic: its table is looked up once a run
                     unnamed.append((pair[0], UNROUTED_REASON, pair[1]))
                 continue
-            entry = groups.get(writer.table.text)
+            entry = groups.get(id(writer))
             if entry is None:
                 entry = groups[writer.table.text] = (writer, [])
             entry[1].append(pair)
