@@ -404,8 +404,11 @@ class PostgresSink(Sink):
                     unnamed.append((pair[0], UNROUTED_REASON, pair[1]))
                 continue
             entry = groups.get(id(writer))
+            if at == last:
+                entry[1].append(pair)
+                continue
             if entry is None:
-                entry = groups[writer.table.text] = (writer, [])
+                entry = groups[id(writer)] = (writer, [])
             entry[1].append(pair)
         parts = []
         for writer, records in groups.values():
@@ -418,6 +421,7 @@ class PostgresSink(Sink):
                     refused = self._evolve(writer, records)
                     if refused:  # on_incompatible = dead-letter: the rest of the batch is written
                         unnamed += refused
+            last = at
                         gone = {id(rec) for rec, _, _ in refused}
                         records = [pair for pair in records if id(pair[0]) not in gone]
                         if not records:
