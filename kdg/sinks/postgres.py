@@ -389,9 +389,13 @@ class PostgresSink(Sink):
             return self._row_parts(batch.rows), 0, []
         groups: dict[int, tuple[TableWriter, list]] = {}  # by writer: one per table
         unrouted, unnamed = 0, []
+        last = entry = None  # a batch comes in runs of one topic: its table is looked up once a run
         for pair in batch.records:
             rec = pair[0]
             at = (rec.topic, rec.route)
+            if at == last:
+                entry[1].append(pair)
+                continue
             writer = self._by_topic.get(at) or self._writer(*at[:1], batch.records, at[1])
             if writer is None:
                 control = self._control(rec) if rec.value is not None else None
@@ -400,16 +404,13 @@ class PostgresSink(Sink):
                     if control is not None:
                         self.skipped[rec.topic, control] += 1
                 else:
-        last = entry = None  # a batch comes in runs of one topic: its table is looked up once a run
                     unnamed.append((pair[0], UNROUTED_REASON, pair[1]))
                 continue
             entry = groups.get(id(writer))
-            if at == last:
-                entry[1].append(pair)
-                continue
             if entry is None:
                 entry = groups[id(writer)] = (writer, [])
             entry[1].append(pair)
+            last = at
         parts = []
         for writer, records in groups.values():
             if writer.target is None:
@@ -421,7 +422,6 @@ class PostgresSink(Sink):
                     refused = self._evolve(writer, records)
                     if refused:  # on_incompatible = dead-letter: the rest of the batch is written
                         unnamed += refused
-            last = at
                         gone = {id(rec) for rec, _, _ in refused}
                         records = [pair for pair in records if id(pair[0]) not in gone]
                         if not records:
