@@ -89,6 +89,7 @@ class ReplayReport:
     duration_s: float = 0.0         # the Spark job itself: read, key, write
     rows_per_s: float = 0.0         # rows_read / duration_s
     tables: dict = field(default_factory=dict)  # per table: its route, its topics' ranges, where its rows ended
+    schema_changes: list = field(default_factory=list)  # columns from the schema: each change made, or asked
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -135,12 +136,13 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
             raise UsageError(f"the range is empty on every partition of {', '.join(sorted(found))}: nothing to replay")
         routes = SparkRoutes(router, store, req.conn, policy, group=req.group, chunk_rows=req.chunk_rows,
                              value_format=req.value_format, dedup_retention=req.dedup_retention, echo=req.echo,
-                             handler=req.handler)
+                             handler=req.handler, resume="run the replay again: nothing of it was written")
         routes.check(ranges)  # every topic routed before any table is made
         for topic in ranges:  # tables checked (or created) and claim windows decided before Spark starts
             routes.prepare(topic)
             for table in routes.tables(topic) if policy.dedup else ():  # a fan-out's: each of its tables
-                _check_window(req, topic, policy.isolation_level, routes.windows[table], ranges[topic], store)
+                if table in routes.windows:  # (none yet: a from-schema table still to be made, with nothing in it)
+                    _check_window(req, topic, policy.isolation_level, routes.windows[table], ranges[topic], store)
         if req.on_range:
             req.on_range(ranges)
         record_first = policy.commit_mode is CommitMode.BEFORE_PROCESSING
@@ -163,7 +165,7 @@ def run_spark_replay(req: ReplayRequest) -> ReplayReport:
                 "the same range again finishes it", req.shutdown.signum)
             finish("done" if record_first else "failed", error=str(error))
             raise error from exc
-        for name in (*_COUNTS, "tasks", "spark_start_s", "duration_s"):
+        for name in (*_COUNTS, "tasks", "spark_start_s", "duration_s", "schema_changes"):
             setattr(report, name, totals[name])
         for topic, counts in totals["per_topic"].items():
             entry = routes.tables_entry(topic, report.tables)
@@ -281,7 +283,9 @@ def _run_job(req: ReplayRequest, master: str, policy, ranges: dict[str, Ranges],
         job_started = time.monotonic()
         frame = kafka_frame(run.spark, ranges, source_options=source_options, split=not routes.in_order)
         rows = sink_rows(frame, key, with_timestamp=routes.whole_records)
+        changes = routes.follow(rows)  # columns from the schema: each table meets its records' schemas first
         totals = run_write(run.spark, rows, routes.routed(), req.progress)
+        totals["schema_changes"] = changes
         totals["duration_s"] = round(time.monotonic() - job_started, 3)
         totals["spark_start_s"] = round(job_started - started, 3)
     return totals

@@ -109,6 +109,7 @@ class MicroBatches:
         started, attempts = time.monotonic(), 0
         try:
             self._take_planned(batch_id)
+            self.report.schema_changes += self.routes.follow(frame)  # before a task writes: executors never ALTER
             while True:
                 attempts += 1
                 try:

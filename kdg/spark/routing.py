@@ -10,7 +10,8 @@ task writes one route's table (a fan-out's: its routes' tables).
 A fan-out's topic (``[[route.into]]``) gets one WriteSpec per route, its tasks writing every route's table in
 one transaction per chunk. A route's ``transform`` and the ``--handler`` run on the executors
 (:mod:`kdg.spark.logic`), imported here first. A ``{source.table}`` template (a table read from each event)
-is ``kdg consume``'s only, for now.
+is ``kdg consume``'s only, for now. A route with ``columns = "from-schema"`` gets its table from the records'
+schemas, met on the driver before each write (:meth:`SparkRoutes.follow`, :mod:`kdg.spark.schemas`).
 """
 
 import re
@@ -34,6 +35,10 @@ def spark_router(topics: list[str], pattern: str | None, table: str | None, mapp
         if route.per_record:
             raise UsageError(f"{route.name}: table {route.table!r} is read from each event's source block, which only "
                              "kdg consume does for now; on Spark, name the table by {topic} or the pattern's groups")
+        if route.mapping is not None and route.mapping.from_schema and (
+                route.transform is not None or route.fan is not None or handler is not None):
+            raise UsageError(f'{route.name}: columns = "from-schema" on Spark takes no transform, --handler or '
+                             "[[route.into]] yet; kdg consume runs such a route")
     check_logic(router, handler)  # before anything is read
     return router
 
@@ -79,7 +84,7 @@ class SparkRoutes:
     """Topic → its :class:`~kdg.spark.writer.WriteSpec`, made once per topic on the driver."""
 
     def __init__(self, router: Router, store, conn, policy, *, group: str, chunk_rows: int, value_format: str,
-                 dedup_retention: str | None, echo, handler=None):
+                 dedup_retention: str | None, echo, handler=None, resume: str = "run it again"):
         """``handler``: the ``--handler`` (``module:function`` or a function), imported here with every route's
         transform (:func:`kdg.spark.logic.check_logic`): one that cannot be is refused before any table is made."""
         from kdg.spark.logic import check_logic
@@ -87,11 +92,12 @@ class SparkRoutes:
         self.roots = check_logic(router, handler)
         self.router, self.store, self.conn, self.policy, self.handler = router, store, conn, policy, handler
         self.group, self.chunk_rows, self.value_format = group, chunk_rows, value_format or "json"
-        self.dedup_retention, self.echo = dedup_retention, echo
+        self.dedup_retention, self.echo, self.resume = dedup_retention, echo, resume
         self.specs: dict = {}            # topic → WriteSpec
         self.routes: dict[str, str] = {}  # topic → its route's name
         self.windows: dict = {}          # table (identity text) → its claim window (exactly-once)
         self._tables: dict = {}          # (route, table as routed) → (TypedTarget | None, identity)
+        self.follower = None             # columns = "from-schema": kdg.spark.schemas.SchemaFollower, made on first use
 
     def check(self, topics) -> None:
         """Each topic's routes and tables, refused (no route, two, a bad name) before any table is made."""
@@ -118,11 +124,10 @@ class SparkRoutes:
         return spec
 
     def _spec(self, topic: str, route: str | None):
-        from kdg.replay import _id_from
-        from kdg.spark.writer import DeadLetterSpec, WriteSpec
-
         target = self.router.target(topic, route=route)
         made = (target.route.name, target.table)
+        if target.mapping is not None and target.mapping.from_schema:
+            return self._followed_spec(topic, target, made)
         if made not in self._tables:
             if target.mapping is not None:
                 typed, _ = self.store.prepare_typed(target.mapping)
@@ -130,11 +135,13 @@ class SparkRoutes:
             else:
                 self._tables[made] = (None, self.store.ensure_sink_table(target.table))
         typed, identity = self._tables[made]
-        if self.policy.dedup and identity.text not in self.windows:
-            from kdg.retention import decide_dedup_window
+        self._decide_window(topic, identity)
+        return self._spec_of(topic, target, typed, identity)
 
-            self.windows[identity.text] = decide_dedup_window(self.store, self.conn, topic, identity,
-                                                              self.dedup_retention, self.echo)
+    def _spec_of(self, topic: str, target, typed, identity):
+        from kdg.replay import _id_from
+        from kdg.spark.writer import DeadLetterSpec, WriteSpec
+
         kind, _ = _id_from(target.route.id_from)
         return WriteSpec(
             self.conn.pg_dsn, identity.text, self.group, self.policy.dedup, self.chunk_rows, typed=typed,
@@ -143,6 +150,49 @@ class SparkRoutes:
             registry=self.conn.registry, transform=target.route.transform, handler=self.handler, roots=self.roots,
             dead_letters=DeadLetterSpec(self.policy.guarantee.value, self.conn.bootstrap_servers, topic,
                                         self.conn.extra, self.group))
+
+    def _decide_window(self, topic: str, identity) -> None:
+        if self.policy.dedup and identity.text not in self.windows:
+            from kdg.retention import decide_dedup_window
+
+            self.windows[identity.text] = decide_dedup_window(self.store, self.conn, topic, identity,
+                                                              self.dedup_retention, self.echo)
+
+    def _followed_spec(self, topic: str, target, made):
+        """A from-schema route's spec: its table as the schemas met so far made it (:meth:`follow`); before any,
+        its table's identity only, which no executor writes (and no claim window yet, if the table is still to
+        be made: one decided for a missing table would go with the table when it is made)."""
+        from dataclasses import replace
+
+        from kdg.spark.schemas import SchemaFollower
+
+        if self.follower is None:
+            self.follower = SchemaFollower(self.store, self.conn.registry, self.echo, self.resume)
+        followed = self.follower.tables.get(made)
+        typed = followed.typed if followed is not None else None
+        identity = typed.mapping.table if typed is not None else self.store.resolve_table(target.table)
+        if typed is not None or self.store.table_shape(identity) is not None:
+            self._decide_window(topic, identity)
+        spec = self._spec_of(topic, target, typed, identity)
+        return replace(spec, from_schema=True, schemas=frozenset(followed.heads) if followed else frozenset(),
+                       refused=tuple(followed.refused.items()) if followed else ())
+
+    def follow(self, rows) -> list[dict]:
+        """Meet the record schemas of ``rows`` (the sink rows about to be written) with their from-schema routes'
+        tables (:class:`kdg.spark.schemas.SchemaFollower`), then give those topics' specs the tables as they are
+        now; the changes made (or, under evolve = none, asked), each said once."""
+        from kdg.spark.schemas import distinct_schemas
+
+        topics = [t for t, s in self.specs.items() if s.from_schema]
+        if not topics:
+            return []
+        for topic, head, value, key in distinct_schemas(rows, topics):
+            target = self.router.target(topic)
+            self.follower.meet((target.route.name, target.table), target, head, value, key)
+        for topic in topics:
+            del self.specs[topic]
+            self.prepare(topic)
+        return self.follower.take_said()
 
     def table(self, topic: str) -> str:
         """``topic``'s table (a fan-out's: its first route's, where its replay is recorded)."""

@@ -101,6 +101,7 @@ class StreamReport:
     duration_s: float = 0.0
     stopped_by: str = ""
     tables: dict = field(default_factory=dict)  # per table: its route, its topics, where its rows ended
+    schema_changes: list = field(default_factory=list)  # columns from the schema: each change made, or asked
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -189,7 +190,8 @@ def run_spark_stream(req: StreamRequest) -> StreamReport:
     with store:
         routes = SparkRoutes(router, store, req.conn, policy, group=req.group, chunk_rows=req.chunk_rows,
                              value_format=req.value_format, dedup_retention=req.dedup_retention, echo=req.echo,
-                             handler=req.handler)
+                             handler=req.handler, resume="start the stream again: it resumes at the micro-batch "
+                             "it stopped before, none of which was written")
         report = StreamReport(policy.guarantee.value, named, req.group, "", checkpoint)
         batches = MicroBatches(req, policy, store, routes, report, topics, single=len(req.topics) == 1 and
                            req.topic_pattern is None and req.routes is None)

@@ -60,6 +60,9 @@ class WriteSpec:
     handler: object = None                 # --handler: module:function (or a function), in each chunk's transaction
     roots: tuple[str, ...] = ()            # where the driver found their modules (kdg.spark.logic)
     fans: tuple = ()                       # a fan-out's topic: (route name, WriteSpec) of each of its routes
+    from_schema: bool = False              # columns = "from-schema": typed is the table the driver met schemas with
+    schemas: frozenset = frozenset()       # ... the record schemas it met (kdg.spark.schemas.record_head)
+    refused: tuple = ()                    # ... and (schema, why) of those on_incompatible = dead-letter refuses
 
     @property
     def has_logic(self) -> bool:
@@ -137,6 +140,9 @@ def _write(batches: Iterator, spec: WriteSpec, topic: str) -> Iterator:
         ctx.getLocalProperty("streaming.sql.batchId") in (None, "0")
     high: dict[int, int] = {}
     batches = _noting_offsets(batches, high)
+    if spec.from_schema and spec.typed is None:
+        raise RuntimeError(f"no record schema of {topic!r} was met before its records were written (columns = "
+                           '"from-schema": the driver meets each first)')
     if spec.has_logic or spec.typed is not None:
         from kdg.spark.logic import write_with_logic
 
@@ -218,9 +224,15 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
     totals = dict.fromkeys(SUMMARY_COUNTS, 0)
     seen: set[str] = set()
     pending: list[tuple[Record, str]] = []
+    refused: list[tuple] = []  # columns = "from-schema": (record, why, key) of a schema the driver refused
     fill = _keys(spec)
     with Store(spec.dsn) as store:
         def flush() -> None:
+            dlq.send(refused)  # durable before the rows that account for them commit
+            totals["dead_lettered"] += len(refused)
+            refused.clear()
+            if not pending:
+                return
             rows = maker.staged(pending)  # made as the COPY reads them
             result = store.write_typed(spec.typed, rows, claim=spec.dedup, dead_letter=lambda unreadable, rejected:
                                        dlq.send(unreadable + [refused_row(*pending[seq], state, message)
@@ -253,12 +265,31 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
                         totals["duplicates_dropped"] += 1
                         continue
                     seen.add(key)
+                why = _refused(spec, rec) if spec.from_schema else None
+                if why is not None:
+                    refused.append((rec, why, key))
+                    continue
                 pending.append((rec, key))
                 if len(pending) >= spec.chunk_rows:
                     flush()
-        if pending:
+        if pending or refused:
             flush()
     return totals
+
+
+def _refused(spec: WriteSpec, rec: Record) -> str | None:
+    """Columns from the schema: why the driver refused ``rec``'s record schema (None: it met it and the table
+    takes it); a schema it never met stops the task, never dropping a field in silence."""
+    from kdg.spark.schemas import record_head
+
+    head = record_head(rec.value)
+    if head is None or head in spec.schemas:
+        return None
+    why = dict(spec.refused).get(head)
+    if why is None:
+        raise RuntimeError(f"record {rec.topic}/{rec.partition}/{rec.offset} carries a schema the driver did not meet "
+                           "with its table; nothing of it is written")
+    return why
 
 
 def _records(batch) -> Iterator[tuple[Record, str | None]]:
