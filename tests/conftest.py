@@ -97,6 +97,7 @@ _LONG_MODULES = ["test_typed_sink",      # 520
                  "test_spark_replay",    # 170
                  "test_spark_many",      # 125
                  "test_spark_transform", # 75-120 (run alone on a shared machine)
+                 "test_spark_evolve",    # 45
                  "test_many_topics",     # 60
                  "test_soak",            # 160
                  "test_produce_consume", "test_schemas", "test_crash", "test_profile", "test_lifecycle",
