@@ -9,10 +9,15 @@ does not (``evolve = "none"``: the change is said, not followed). Both are audit
 import json
 import uuid
 
+import pytest
 from confluent_kafka import Producer
 from conftest import as_json, audited
 
+from kdg.errors import UsageError
+from kdg.flow.pipeline_file import load_pipeline
 from kdg.kafka.admin import ensure_topic
+from kdg.spark.routing import spark_router
+from kdg.spark.schemas import record_head
 from kdg.store.pg import Store
 
 KEY = {"type": "struct", "fields": [{"field": "id", "type": "int64", "optional": False}]}
@@ -66,3 +71,20 @@ def test_spark_replay_adds_a_field_new_halfway_once_or_says_it_is_not_followed(k
     for evolve, topic in topics.items():
         audit = audited(kdg, topic, "--table", f"{prefix}_{evolve.split('-')[0]}", "-G", group, "--id-from", "offset")
         assert (audit["lost"], audit["duplicates"], audit["rows"]) == (0, 0, 200) and audit["balanced"], audit
+
+
+@pytest.mark.parametrize("extra, said", [('value_format = "avro"', "JsonConverter schemas only yet"),
+                                         ('transform = "json:loads"', "takes no transform")])
+def test_what_spark_does_not_do_yet_is_refused_before_anything_runs(tmp_path, extra, said):
+    pipeline = tmp_path / "route.toml"
+    pipeline.write_text(ROUTE.format(topic="t", table="t", evolve="none") + extra + "\n")
+    with pytest.raises(UsageError, match=said):
+        spark_router([], None, None, None, None, load_pipeline(pipeline))
+
+
+def test_a_record_schema_is_known_by_the_text_before_its_payload():
+    assert record_head(_value(1)) == json.dumps({"schema": {"type": "struct", "fields": [
+        {"field": "id", "type": "int64", "optional": False}, {"field": "qty", "type": "int64", "optional": False}]},
+        "payload": 0})[:-len('"payload": 0}')]
+    assert record_head(_value(1)) != record_head(_value(100)) and record_head(_value(100)) == record_head(_value(101))
+    assert record_head(b'{"id": 1, "payload": 2}') is None and record_head(None) is None

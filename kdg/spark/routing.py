@@ -39,6 +39,10 @@ def spark_router(topics: list[str], pattern: str | None, table: str | None, mapp
                 route.transform is not None or route.fan is not None or handler is not None):
             raise UsageError(f'{route.name}: columns = "from-schema" on Spark takes no transform, --handler or '
                              "[[route.into]] yet; kdg consume runs such a route")
+        if route.mapping is not None and route.mapping.from_schema and route.mapping.value_format != "json":
+            raise UsageError(f'{route.name}: columns = "from-schema" on Spark reads Kafka Connect JsonConverter '
+                             f"schemas only yet, not value_format {route.mapping.value_format}'s; kdg consume "
+                             "runs such a route")
     check_logic(router, handler)  # before anything is read
     return router
 
