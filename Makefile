@@ -4,7 +4,7 @@ VENV   ?= .venv
 BIN     = $(VENV)/bin
 KDG     = $(BIN)/kdg
 
-.PHONY: setup demo test test-fast test-long stack-up stack-down bench bench-spark bench-stream docs clean
+.PHONY: setup demo test test-fast test-long stack-up stack-down bench bench-spark bench-stream bench-evolve docs clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -60,6 +60,12 @@ bench-spark: setup
 ## bench-stream: kdg spark-stream exactly-once vs kdg consume exactly-once vs a plain foreachBatch JDBC append
 bench-stream: setup
 	$(BIN)/python benchmarks/spark_stream_bench.py --records 1000000 --repeat 3
+
+## bench-evolve: a from-schema route (evolve = add-columns, no change) vs the same route with a fixed mapping, consumer
+## CPU per record (budget +3 %); the first batch after a new field vs a normal one, and the table's size around its
+## ALTER; writes benchmarks/results/evolve_bench.json
+bench-evolve: setup
+	$(BIN)/python benchmarks/evolve_bench.py --records 300000 --repeat 3
 
 ## docs: the documentation site into site/, strictly (a broken link, page or reference fails it); tests/test_docs.py runs it
 docs: $(VENV)/.installed
