@@ -176,7 +176,7 @@ def _evolution(store, conn: Connection, target, found: TopicTarget, report: Pipe
     """Columns from the schema: the newest record of ``found.topic`` that carries one, planned against the table
     (nothing altered); returns the table's state. A change that would stop the route is a problem."""
     from kdg.mapping.check import latest_records
-    from kdg.mapping.preview import preview_records
+    from kdg.mapping.preview import EvolutionPreview, preview_records
 
     where = f"{target.route.name}: topic {found.topic}: table {target.table.text}"
     try:
@@ -184,13 +184,13 @@ def _evolution(store, conn: Connection, target, found: TopicTarget, report: Pipe
     except UsageError as exc:
         report.problems.append(f"{where}: {exc}")
         return "refused"
-    if preview is None:
+    if preview is None:  # the table as it is, and no schema to hold against it yet
         identity = store.resolve_table(target.table)
         there = store.fetchval("SELECT to_regclass($1) IS NOT NULL", identity.sql)
-        found.evolution = {"table": identity.text, "state": "exists" if there else "created on first write",
-                           "changes": [], "lines": ["no record with a schema read yet: the columns come with the "
-                                                    "first"], "stops": None}
-        return found.evolution["state"]
+        state = "exists" if there else "would be created" if target.mapping.create_table else "does not exist"
+        preview = EvolutionPreview(identity.text, state, lines=[
+            "no record with a schema read yet: the columns come with the first" if state != "does not exist" else
+            f"table {identity.text} does not exist: create it, or set create_table = true (--create-table)"])
     found.evolution = asdict(preview)
     if preview.state == "does not exist":
         report.problems.append(f"{where}: {preview.lines[0]}")
