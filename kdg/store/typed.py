@@ -19,6 +19,9 @@ older snapshot still sees the rows, as MVCC promises. A column staged with Debez
 placeholder (listed in ``kdg_tkeep``) keeps its value under upsert: the latest earlier version of the key in
 the batch that has one, else the table's current value.
 
+Under ``--reprocess`` (:mod:`kdg.store.reprocess`) a row whose key was claimed before is applied again, not
+dropped: an UPDATE of its key's row where that row came from the same partition at no later an offset.
+
 A statement Postgres refuses for a row's data (SQLSTATE class 22, a bad value or cast; class 23,
 a NOT NULL, CHECK, unique or foreign-key violation — deferred constraints are checked at once, for
 this) is run again on each half of the rows, each
@@ -34,6 +37,7 @@ import asyncpg
 from kdg.mapping.rows import STAGE_PREFIX, StagedRows, keepable
 from kdg.mapping.spec import Mapping
 from kdg.store.claims import CLAIM, OUTSIDE, copy_claims, prepare_claims
+from kdg.store.reprocess import again_sql, check_reprocess, reprocess_claim_sql
 from kdg.store.windows import Window
 
 # the rows, not the server: data exceptions and integrity violations; an upsert's two rows whose keys are equal
@@ -50,6 +54,7 @@ class TypedTarget:
     """A mapping checked against its table (key resolved), and the SQL that writes it. Picklable."""
 
     mapping: Mapping
+    reprocess: bool = False  # exactly-once: a key claimed before is applied again, not suppressed (upsert only)
 
     @property
     def stage(self) -> str:
@@ -76,14 +81,21 @@ class TypedTarget:
                        RETURNING s.tomb)
                    SELECT count(*) AS duplicates, count(*) FILTER (WHERE tomb) AS tombs FROM gone"""
 
-    def write_sql(self, keeping: bool = False) -> list[str]:
+    def reprocessing(self, topics: int = 1) -> "TypedTarget":
+        """This target under ``--reprocess`` (:mod:`kdg.store.reprocess`), refused where it would be wrong;
+        ``topics``: how many topics its route reads (a pattern: 2)."""
+        check_reprocess(self.mapping, topics)
+        return TypedTarget(self.mapping, reprocess=True)
+
+    def write_sql(self, keeping: bool = False, again: bool = False) -> list[str]:
         """The statements writing the staged rows with ``$1 <= seq <= $2`` (the last one's count is rows written);
-        ``keeping``: an upsert reads :data:`KEEP` for the columns whose value is kept."""
+        ``keeping``: an upsert reads :data:`KEEP` for the columns whose value is kept; ``again``: it leaves out
+        the rows claimed before (seqs ``$3``: :func:`kdg.store.reprocess.again_sql` writes them)."""
         m = self.mapping
         target, names = m.table.sql, ", ".join(c.sql for c in m.columns)
         deleting = m.on_tombstone == "delete"
         if m.mode == "upsert":
-            return [self._upsert_sql(deleting, keeping)]
+            return [self._upsert_sql(deleting, keeping, again)]
         insert = (f"INSERT INTO {target} ({names}) SELECT {self._casts('s')} FROM {self.stage} s "
                   f"WHERE s.seq BETWEEN $1 AND $2 AND NOT s.tomb")
         if not deleting:
@@ -100,15 +112,10 @@ class TypedTarget:
     def truncate_sql(self) -> str:
         return f"DELETE FROM {self.mapping.table.sql}"
 
-    def _upsert_sql(self, deleting: bool, keeping: bool = False) -> str:
+    def _upsert_sql(self, deleting: bool, keeping: bool = False, again: bool = False) -> str:
         m = self.mapping
         target, names = m.table.sql, ", ".join(c.sql for c in m.columns)
-        keys = [self._key_cast(k, "s") for k in m.key]
-        # rows with a NULL key never merge: each stands alone (and fails, or not, on its own)
-        guard = f"CASE WHEN {' OR '.join(f's.c{self._index(k)} IS NULL' for k in m.key)} THEN s.seq END"
-        latest = (f"SELECT DISTINCT ON ({', '.join(keys)}, {guard}) s.* FROM {self.stage} s "
-                  f"WHERE s.seq BETWEEN $1 AND $2{'' if deleting else ' AND NOT s.tomb'} "
-                  f"ORDER BY {', '.join(keys)}, {guard}, s.seq DESC")
+        latest = self.latest_sql(deleting)
         others = [c for c in m.columns if c.name not in m.key]
         # every column a key: a row already there is still this record's row, and counted as written (DO NOTHING
         # would leave it out of the statement's count)
@@ -118,11 +125,21 @@ class TypedTarget:
             gone = (f", gone AS (DELETE FROM {target} t USING latest l WHERE l.tomb AND "
                     + " AND ".join(f"t.{m.column(k).sql} = {self._key_cast(k, 'l')}" for k in m.key) + ")")
         conflict = ", ".join(m.column(k).sql for k in m.key)
-        values = self._kept_casts() if keeping else self._casts("l")
+        values = ", ".join(self.kept_values()) if keeping else self._casts("l")
+        new = " AND l.seq <> ALL($3::integer[])" if again else ""
         return (f"WITH latest AS ({latest}){gone} INSERT INTO {target} ({names}) "
-                f"SELECT {values} FROM latest l WHERE NOT l.tomb ON CONFLICT ({conflict}) {update}")
+                f"SELECT {values} FROM latest l WHERE NOT l.tomb{new} ON CONFLICT ({conflict}) {update}")
 
-    def _kept_casts(self) -> str:
+    def latest_sql(self, deleting: bool) -> str:
+        """The latest staged row of each key with ``$1 <= seq <= $2`` (in Kafka order)."""
+        keys = [self._key_cast(k, "s") for k in self.mapping.key]
+        # rows with a NULL key never merge: each stands alone (and fails, or not, on its own)
+        guard = f"CASE WHEN {' OR '.join(f's.c{self._index(k)} IS NULL' for k in self.mapping.key)} THEN s.seq END"
+        return (f"SELECT DISTINCT ON ({', '.join(keys)}, {guard}) s.* FROM {self.stage} s "
+                f"WHERE s.seq BETWEEN $1 AND $2{'' if deleting else ' AND NOT s.tomb'} "
+                f"ORDER BY {', '.join(keys)}, {guard}, s.seq DESC")
+
+    def kept_values(self) -> list[str]:
         """:meth:`_casts` of ``latest l``, each column a placeholder may stand in for (:func:`keepable`) taking,
         where :data:`KEEP` lists it for the row, the latest earlier version of the key in the range that has a
         value for it (NULL if that is a delete), else the table's current value."""
@@ -141,7 +158,7 @@ class TypedTarget:
                          f"{c.type.cast(f'x.c{i}')} END {earlier} ORDER BY x.seq DESC LIMIT 1) "
                          f"ELSE (SELECT t.{c.sql} FROM {m.table.sql} t WHERE {in_table}) END")
             casts.append(value)
-        return ", ".join(casts)
+        return casts
 
     def _index(self, name: str) -> int:
         return next(i for i, c in enumerate(self.mapping.columns) if c.name == name)
@@ -168,6 +185,12 @@ class TypedResult:
     filtered: int = 0              # tombstones and deletes left out on purpose (on_tombstone = ignore); heartbeats
     #                                and schema-change events (no rows)
     truncated: int = 0             # truncates applied (counted deleted)
+    again: list = field(default_factory=list)  # --reprocess: seqs of the rows claimed before, applied again (each
+    #                                then written or superseded, as any row)
+
+    @property
+    def reprocessed(self) -> int:
+        return len(self.again)
 
     def account(self, rows: StagedRows, duplicate_tombs: int, deleting: bool) -> "TypedResult":
         """Fill in superseded, deleted and filtered from what was staged, claimed and written."""
@@ -200,7 +223,11 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
         claims = await prepare_claims(conn, window, [key for key, *_ in rows.claims()])
         result.outside = claims.outside
         if not await copy_claims(conn, claims, rows.claims()):
-            result.duplicates, duplicate_tombs = await conn.fetchrow(target.claim_sql(window.sql), *claims.args)
+            if target.reprocess:
+                result.duplicates, duplicate_tombs, result.again = await conn.fetchrow(
+                    reprocess_claim_sql(target, window.sql), *claims.args)
+            else:
+                result.duplicates, duplicate_tombs = await conn.fetchrow(target.claim_sql(window.sql), *claims.args)
             if result.duplicates == rows.count:
                 return result.account(rows, duplicate_tombs, deleting)
     if rows.truncates:
@@ -210,15 +237,19 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
         await conn.execute(_KEEP_DDL)
         await conn.execute(f"DELETE FROM {KEEP}")  # an earlier part of this transaction's
         await conn.copy_records_to_table(KEEP, records=rows.keeps, columns=("seq", "col"))
-    statements = target.write_sql(keeping)
+    again = (again_sql(target, keeping), result.again) if result.again else None  # --reprocess: rows claimed before
+    statements = target.write_sql(keeping, again is not None)
     seqs: list[int] | None = None
 
     async def attempt(lo: int, hi: int) -> int:
         async with conn.transaction():  # a savepoint: a refused statement takes back only itself
-            status = ""
-            for sql in statements:
-                status = await conn.execute(sql, lo, hi)
-            return int(status.split()[-1])
+            if again is None:
+                status = ""
+                for sql in statements:
+                    status = await conn.execute(sql, lo, hi)
+                return int(status.split()[-1])
+            updated = int((await conn.execute(again[0], lo, hi, again[1])).split()[-1])
+            return updated + int((await conn.execute(statements[-1], lo, hi, again[1])).split()[-1])
 
     async def bisect(i: int, j: int) -> None:
         try:
@@ -260,12 +291,14 @@ async def _truncate(conn: asyncpg.Connection, target: TypedTarget, rows: StagedR
 
 async def written_rows(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, result: TypedResult) -> list:
     """The staged rows a ``--handler`` is given: those this transaction writes. A duplicate (its key claimed
-    before) and a row Postgres refused are left out, so the handler's own writes apply once per record."""
+    before; also one ``--reprocess`` applies again) and a row Postgres refused are left out, so the handler's own
+    writes apply once per record."""
     kept = rows.kept
-    if not result.duplicates and not result.rejected and not result.truncated:
+    if not result.duplicates and not result.rejected and not result.truncated and not result.again:
         return kept
     alive = {r["seq"] for r in await conn.fetch(f"SELECT seq FROM {target.stage}")}
     alive -= {seq for seq, *_ in result.rejected}
+    alive -= set(result.again)  # --reprocess: the handler had them when they were first written
     return [row for row in kept if row[0] in alive]
 
 

@@ -30,6 +30,7 @@ class PartResult:
     deleted: int = 0
     filtered: int = 0
     rejected: list = field(default_factory=list)  # typed: (seq, sqlstate, message) of rows Postgres refused
+    reprocessed: int = 0              # typed, --reprocess: rows claimed before, applied again (written or superseded)
 
 
 @dataclass
@@ -72,7 +73,7 @@ class Part:
         store.unclaimed += typed.outside
         listed = await written_rows(conn, self.target, self.rows, typed) if keep_written else None
         return PartResult(self.table.text, typed.written, typed.duplicates, typed.superseded, typed.deleted,
-                          typed.filtered, typed.rejected), listed
+                          typed.filtered, typed.rejected, typed.reprocessed), listed
 
 
 class UnitMixin:
