@@ -96,7 +96,7 @@ def consume(topic: str | list[str] | None = None, *, group: str, guarantee: str 
             columns: list[str] | None = None, mapping: str | Path | None = None, mode: str | None = None,
             create_table: bool = False, on_tombstone: str | None = None, envelope: str | None = None,
             on_truncate: str | None = None, value_format: str | None = None, key_format: str | None = None,
-            from_schema: bool = False, evolve: str | None = None,
+            from_schema: bool = False, evolve: str | None = None, reprocess: bool = False,
             schema_registry: str | None = None, format: str = "text", id_from: str | None = None,
             count: int | None = None, until_end: bool = False, idle_timeout: float | None = None,
             offset: str = "stored", batch_size: int = 5_000, batch_ms: int = 100,
@@ -123,6 +123,10 @@ def consume(topic: str | list[str] | None = None, *, group: str, guarantee: str 
             ``columns`` then only adds what the row has not (``source:ts_ms``, a header, the key).
         evolve: with ``from_schema``, ``"none"`` (the default) or ``"add-columns"`` (``--evolve``).
         create_table: create the typed table if it is missing (its schema must exist).
+        reprocess: exactly-once, a typed route in upsert mode: a record whose key was claimed before is applied
+            again instead of suppressed, to fill columns added since (``--reprocess``); it updates only a row
+            that came from the same partition at an offset no later than its own, so the mapping must map
+            ``partition`` and ``offset`` to columns. Refused for insert routes and the generic table.
         until_end: stop once the whole topic is read for this group (``-e``).
         count: stop after this many records (``-c``).
         offset: where to start: ``beginning``, ``end``, ``stored`` (the default), an offset (``-o``).
@@ -163,7 +167,7 @@ def consume(topic: str | list[str] | None = None, *, group: str, guarantee: str 
 
 def _consume_request(*, topic, group, guarantee, topic_pattern, sink, table, columns, mapping, mode, create_table,
                      on_tombstone, envelope, on_truncate, value_format, key_format, from_schema, evolve,
-                     schema_registry, format, id_from,
+                     reprocess, schema_registry, format, id_from,
                      count, until_end, idle_timeout, offset, batch_size, batch_ms, max_bytes, handler, transform,
                      transactional_id, pg_wait, pipeline, pipeline_depth, dedup_retention, max_dead_letters,
                      shutdown_timeout, wait_timeout, metrics_port, metrics_host, bootstrap_servers, pg_dsn,
@@ -204,6 +208,8 @@ def _consume_request(*, topic, group, guarantee, topic_pattern, sink, table, col
     if transform is not None and routes is not None:
         raise UsageError("--transform is the command line's route's; in a pipeline file each route says "
                          "transform = \"module:function\"")
+    if reprocess:
+        _check_reprocess(guarantee, kind, typed, routes)
     topics = [topic] if isinstance(topic, str) else list(topic or [])
     return ConsumeRequest(
         topic=topics, topic_pattern=topic_pattern, routes=routes, group=group, guarantee=guarantee,
@@ -216,7 +222,27 @@ def _consume_request(*, topic, group, guarantee, topic_pattern, sink, table, col
         progress=progress, pg_wait=pg_wait, pipeline=pipeline_depth, dedup_retention=dedup_retention,
         shutdown=stop if stop is not None else Shutdown(shutdown_timeout), wait_timeout=wait_timeout,
         metrics_port=metrics_port, metrics_host=metrics_host, notice=notice or log.info,
-        max_dead_letters=max_dead_letters, transform=transform)
+        max_dead_letters=max_dead_letters, transform=transform, reprocess=reprocess)
+
+
+def _check_reprocess(guarantee: str, kind: str, typed, routes) -> None:
+    """``reprocess=True`` refused where it means nothing or would duplicate (before anything is read); a pipeline
+    file's routes are checked as their tables are (:func:`kdg.store.reprocess.check_reprocess`)."""
+    from kdg.guarantees import policy_for
+    from kdg.store.reprocess import check_reprocess
+
+    if not policy_for(guarantee).dedup:
+        raise UsageError(f"--reprocess is for exactly-once, whose claims suppress a record read again; under "
+                         f"{guarantee} nothing is suppressed: a record read again (-o beginning, a new group) is "
+                         "written again already")
+    if kind != "postgres":
+        raise UsageError(f"--reprocess applies records to a Postgres table again; --sink {kind} writes none")
+    if typed is None and routes is None:
+        raise UsageError("--reprocess applies records already written again, and the generic table keeps each "
+                         "record as a row of its own: each would be a second row. It needs a typed table in upsert "
+                         "mode (--column or --mapping, --mode upsert)")
+    if typed is not None:
+        check_reprocess(typed)
 
 
 def produce(topic: str, values: Iterable[Any] | None = None, *, guarantee: str = "at-least-once",

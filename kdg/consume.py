@@ -66,6 +66,7 @@ class ConsumeRequest:
     topic_pattern: str | None = None  # a regular expression: every topic it matches, as they appear
     routes: "Router | None" = None    # --pipeline FILE's routes (kdg.flow.pipeline_file); None: the command line's
     transform: "str | Callable | None" = None  # module:function (or a function): each record's rows (kdg.flow.transform)
+    reprocess: bool = False           # exactly-once, typed upserts: a record claimed before is applied again
 
     @property
     def topics(self) -> list[str]:
@@ -112,6 +113,7 @@ class ConsumeReport:
     schema_changes: list = field(default_factory=list)  # evolve = add-columns: each column added (table, column, type)
     unavailable_values: int = 0      # Debezium's placeholders (unchanged TOASTed columns) read: each column's value kept
     skipped_events: dict = field(default_factory=dict)  # Debezium heartbeats and schema-change events: no rows, by kind
+    reprocessed: int = 0             # --reprocess: records claimed before, applied again (also written or superseded)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -132,7 +134,7 @@ def _make_sink(req: ConsumeRequest, policy, router: Router, dlq: DeadLetterQueue
 
         depth = req.pipeline if policy.commit_mode is CommitMode.IN_SINK_TRANSACTION else 0  # chained offsets only
         return PostgresSink(req.conn.pg_dsn, router, req.group, dlq, load_handler(req.handler), depth,
-                            registry=req.conn.registry, on_table=on_table)
+                            registry=req.conn.registry, on_table=on_table, reprocess=req.reprocess)
     if kind == "kafka":
         from kdg.sinks.kafka import KafkaSink
 
@@ -464,6 +466,7 @@ def _account(batch, result, req, report) -> None:
     report.dead_lettered += len(batch.dead) + result.dead_lettered
     report.probes_skipped += len(batch.probes)
     for table, part in result.tables.items():  # per table: where its rows ended
+        report.reprocessed += getattr(part, "reprocessed", 0)
         entry = report.tables.setdefault(table, _table_entry())
         for name in ("written", "duplicates", "superseded", "deleted", "filtered"):
             entry[name] += getattr(part, name)

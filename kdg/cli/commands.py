@@ -168,6 +168,10 @@ def consume(
     column: Columns = None, mapping: MappingFile = None, mode: Mode = None, create_table: CreateTable = False,
     on_tombstone: OnTombstone = None, envelope: Envelope = None, on_truncate: OnTruncate = None,
     columns_from: ColumnsFrom = None, evolve: Evolve = None,
+    reprocess: Annotated[bool, typer.Option("--reprocess", help="Exactly-once, a typed table in upsert mode: apply "
+                         "records whose key is claimed already again instead of suppressing them (a backfill of a "
+                         "column added since). Only over a row from the same partition at no later an offset: map "
+                         "partition and offset to columns.")] = False,
     value_format: ValueFormat = None, key_format: KeyFormat = None, schema_registry: SchemaRegistry = None,
     fmt: Annotated[str, typer.Option("--format", help="stdout sink: text or json envelope lines.")] = "text",
     id_from: Annotated[Optional[str], typer.Option(help="Key for records without kdg-id: header:NAME, json:FIELD, "
@@ -232,7 +236,7 @@ def consume(
             topics, group=group, guarantee=guarantee, topic_pattern=topic_pattern, sink=sink, table=table,
             columns=column, mapping=mapping, mode=mode, create_table=create_table, on_tombstone=on_tombstone,
             envelope=envelope, on_truncate=on_truncate, value_format=value_format, key_format=key_format,
-            from_schema=columns_from is not None, evolve=evolve, schema_registry=schema_registry,
+            from_schema=columns_from is not None, evolve=evolve, reprocess=reprocess, schema_registry=schema_registry,
             format=fmt, id_from=id_from, count=count, until_end=exit_at_end, idle_timeout=idle_timeout,
             offset=offset, batch_size=batch_size, batch_ms=batch_ms, max_bytes=max_bytes, handler=handler,
             transform=transform, transactional_id=transactional_id, pg_wait=pg_wait, pipeline=pipeline,

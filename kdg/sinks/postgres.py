@@ -14,6 +14,7 @@ from operator import itemgetter
 from dataclasses import dataclass, field, replace
 
 from kdg import faults
+from kdg.errors import UsageError
 from kdg.flow.routes import Router, Target, source_block
 from kdg.flow.transform import as_value
 from kdg.sinks import Batch, Outcome, Sink, WriteResult
@@ -50,10 +51,12 @@ class PostgresSink(Sink):
     keeps_offsets = True    # ... and then the offsets live here (kdg_offsets), not in Kafka
 
     def __init__(self, dsn: str, router: Router, group: str, dlq: DeadLetterQueue, handler=None,
-                 pipeline: int = 0, registry: dict[str, str] | None = None, on_table=None):
+                 pipeline: int = 0, registry: dict[str, str] | None = None, on_table=None, reprocess: bool = False):
         """``pipeline``: exactly-once batches written at once on as many connections (generic routes only);
-        ``on_table(table, topic)``: told of each table as the first topic routed to it is (the claim window)."""
+        ``on_table(table, topic)``: told of each table as the first topic routed to it is (the claim window);
+        ``reprocess``: records claimed before are applied again (:mod:`kdg.store.reprocess`; typed upserts only)."""
         self.router, self.group, self.dlq, self.handler = router, group, dlq, handler
+        self.reprocess = reprocess
         self.registry, self.on_table = registry, on_table or (lambda store, table, topic, sink: None)
         self.takes_rows = not router.typed  # the generic table's rows: sorted per batch (kdg.batching)
         self.fences: dict[tuple[str, int], int] = {}
@@ -100,6 +103,10 @@ class PostgresSink(Sink):
 
     def _open(self, target: Target, topic: str) -> TableWriter:
         if target.mapping is None:
+            if self.reprocess:
+                raise UsageError(f"--reprocess applies records already written again, and route {target.route.name} "
+                                 f"writes {target.table.text} as the generic table, which keeps each record as a row "
+                                 "of its own: each would be a second row. It needs a mapping in mode = upsert")
             identity = self.store.ensure_sink_table(target.table)
             writer = self.writers.get(identity.text) or TableWriter(identity, target.route.name)
         else:
@@ -108,6 +115,9 @@ class PostgresSink(Sink):
             if target.mapping.evolve == "add-columns":  # a table made before the schema grew: its new columns first
                 self._added(self.store.add_columns(target.table, target.mapping.columns), target.table)
             typed, _ = self.store.prepare_typed(target.mapping)  # checked (made) before its records are written
+            if self.reprocess:
+                route = target.route
+                typed = typed.reprocessing(len(route.topics) + (2 if route.pattern else 0))
             identity = typed.mapping.table
             writer = self.writers.get(identity.text) or TableWriter(identity, target.route.name, typed, RowMaker(
                 typed.mapping, self.registry, watch=True, truncates=True))
@@ -174,6 +184,7 @@ class PostgresSink(Sink):
                     self._said(table, SchemaChange(column.name, "add", column.type.name), "taken up (added before)")
             if new or made:
                 typed, _ = self.store.prepare_typed(replace(mapping, columns=mapping.columns + tuple(new)))
+                typed = replace(typed, reprocess=writer.target.reprocess)  # (checked when the writer was made)
                 writer.target, writer.rows = typed, RowMaker(typed.mapping, self.registry, watch=True, truncates=True)
                 mapping = typed.mapping
         return dead
