@@ -24,8 +24,9 @@ from conftest import as_json, audited
 from kdg.errors import UsageError
 from kdg.flow.pipeline_file import load_pipeline
 from kdg.kafka.admin import ensure_topic
-from kdg.mapping.evolution import plan_changes, type_change
+from kdg.mapping.evolution import SchemaChange, plan_changes, type_change
 from kdg.mapping.from_record import mapping_from_record, optional_columns
+from kdg.mapping.preview import describe
 from kdg.mapping.spec import Mapping
 from kdg.settings import table_name
 from kdg.store.pg import Store
@@ -196,6 +197,22 @@ def table_columns(conn, table: str) -> list[tuple]:
         return [tuple(r) for r in store.fetch(
             "SELECT attname::text, format_type(atttypid, atttypmod), attnotnull FROM pg_attribute "
             "WHERE attrelid = $1::regclass AND attnum > 0 AND NOT attisdropped ORDER BY attnum", table)]
+
+
+def test_a_previewed_change_is_said_as_the_routes_evolve_and_on_incompatible_would_treat_it():
+    table = table_name("app.t")
+    add, widen = SchemaChange("tier", "add", "text"), SchemaChange("qty", "widen", "bigint", "integer")
+    optional, wrong = SchemaChange("qty", "drop not null", "bigint", "integer"), SchemaChange(
+        "note", "incompatible", "text", "integer")
+    said = lambda change, evolve="add-columns", then="stop": describe(change, table, evolve, then)  # noqa: E731
+    assert [said(c) for c in (add, widen, optional)] == [
+        "would add column tier text", "would widen qty integer → bigint", "would drop NOT NULL of qty"]
+    assert said(add, "none") == "would not add column tier text (evolve = none: said once; its values are not written)"
+    assert said(optional, "none").endswith("(evolve = none: said once; a null is dead-lettered)")
+    assert said(wrong).startswith("incompatible: column note of app.t is integer") and said(wrong).endswith(
+        "(stops the route)")
+    assert said(wrong, then="dead-letter").endswith('(its records go to the dead-letter topic: '
+                                                   'on_incompatible = "dead-letter")')
 
 
 def test_pipeline_check_shows_what_evolution_would_do_to_each_table_and_alters_nothing(kdg, conn, tmp_path):
