@@ -104,7 +104,7 @@ class PostgresSink(Sink):
     def _open(self, target: Target, topic: str) -> TableWriter:
         if target.mapping is None:
             if self.reprocess:
-                raise UsageError(f"--reprocess applies records already written again, and route {target.route.name} "
+                raise UsageError(f"--reprocess applies records already written again, and {target.route.name!r} "
                                  f"writes {target.table.text} as the generic table, which keeps each record as a row "
                                  "of its own: each would be a second row. It needs a mapping in mode = upsert")
             identity = self.store.ensure_sink_table(target.table)
