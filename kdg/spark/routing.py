@@ -171,7 +171,7 @@ class SparkRoutes:
         from kdg.spark.schemas import SchemaFollower
 
         if self.follower is None:
-            self.follower = SchemaFollower(self.store, self.conn.registry, self.echo, self.resume)
+            self.follower = SchemaFollower(self.store, self.echo, self.resume)
         followed = self.follower.tables.get(made)
         typed = followed.typed if followed is not None else None
         identity = typed.mapping.table if typed is not None else self.store.resolve_table(target.table)

@@ -76,9 +76,9 @@ class FollowedTable:
 class SchemaFollower:
     """Meets each record schema new to a from-schema route's table with the live table, on the driver."""
 
-    def __init__(self, store, registry=None, echo=print, resume: str = "run it again"):
+    def __init__(self, store, echo=print, resume: str = "run it again"):
         """``resume``: what the user does after altering the table (said in the incompatible change's error)."""
-        self.store, self.registry, self.echo, self.resume = store, registry, echo, resume
+        self.store, self.echo, self.resume = store, echo, resume
         self.tables: dict = {}        # (route name, table as routed) → FollowedTable
         self.schema_changes: list[dict] = []
 
