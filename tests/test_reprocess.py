@@ -8,6 +8,7 @@ no later an offset, so an older version never rolls a row back.
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import as_json
@@ -18,6 +19,12 @@ from kdg.store.pg import Store
 BEFORE = ["order_id bigint = json:id", "amount numeric(12,2) = json:amount", "src_partition integer = partition",
           "src_offset bigint = offset"]
 AFTER = BEFORE + ["tier text = json:tier"]
+
+
+async def handled(rows, conn) -> None:
+    """A ``--handler``: each row it is given, by topic and key (it must never be given a record twice)."""
+    await conn.execute("CREATE TABLE IF NOT EXISTS reprocess_handled (topic text, idempotency_key text)")
+    await conn.executemany("INSERT INTO reprocess_handled VALUES ($1, $2)", [(row[2], row[1]) for row in rows])
 
 
 def flags(columns: list[str]) -> list[str]:
@@ -57,7 +64,8 @@ def test_reprocess_fills_a_new_column_that_a_plain_re_read_leaves_null_and_never
 
     def consume(group: str, columns: list[str], *args) -> dict:
         return as_json(kdg("consume", orders, "-G", group, "-g", "exactly-once", "--table", table, "--mode", "upsert",
-                           *flags(columns), "--batch-size", 5, "--json", *args))
+                           *flags(columns), "--batch-size", 5, "--handler", "test_reprocess:handled", "--json", *args,
+                           env={"PYTHONPATH": str(Path(__file__).parent)}))
 
     first = consume(f"g-{uuid.uuid4().hex[:8]}", BEFORE, "-e")
     assert (first["written"], first["superseded"], first["reprocessed"]) == (15, 0, 0), first
@@ -84,6 +92,9 @@ def test_reprocess_fills_a_new_column_that_a_plain_re_read_leaves_null_and_never
                                        for i, (amount, _, offset) in latest.items()}
     with Store(conn.pg_dsn) as store:
         assert store.fetchval(f"SELECT count(*) FROM {table}") == 10  # no row twice
+        handed = store.fetch("SELECT idempotency_key, count(*) AS n FROM reprocess_handled WHERE topic = $1 "
+                             "GROUP BY 1", orders)
+    assert len(handed) == 15 and {r["n"] for r in handed} == {1}, "the handler was given a record twice"
 
 
 @pytest.mark.parametrize("args, why", [
@@ -92,16 +103,16 @@ def test_reprocess_fills_a_new_column_that_a_plain_re_read_leaves_null_and_never
     (["--mode", "upsert", "--column", "id bigint = json:id"], "partition and offset are not mapped"),
     ([], "the generic table keeps each record as a row of its own"),
 ])
-def test_reprocess_is_refused_where_it_would_duplicate_or_roll_back(kdg, orders, args, why):
-    proc = kdg("consume", orders, "-G", f"g-{uuid.uuid4().hex[:8]}", "-g", "exactly-once", "--table",
+def test_reprocess_is_refused_where_it_would_duplicate_or_roll_back(kdg, topic, args, why):
+    proc = kdg("consume", topic, "-G", f"g-{uuid.uuid4().hex[:8]}", "-g", "exactly-once", "--table",
                "app.never_written", *args, "--reprocess", "-e", check=False)
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2 and len(errors) == 1, proc.stderr
     assert why in errors[0] and "--reprocess" in errors[0], errors[0]
 
 
-def test_reprocess_is_refused_under_at_least_once(kdg, orders):
-    proc = kdg("consume", orders, "-G", f"g-{uuid.uuid4().hex[:8]}", "-g", "at-least-once", "--table",
+def test_reprocess_is_refused_under_at_least_once(kdg, topic):
+    proc = kdg("consume", topic, "-G", f"g-{uuid.uuid4().hex[:8]}", "-g", "at-least-once", "--table",
                "app.never_written", "--mode", "upsert", *flags(BEFORE), "--reprocess", "-e", check=False)
     assert proc.returncode == 2, proc.stderr
     assert "is written again already" in proc.stderr, proc.stderr
