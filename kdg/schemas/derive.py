@@ -64,16 +64,24 @@ def fields_of(text: str, fmt: str) -> list[tuple[str, str]]:
     return [(name, _json_type(spec)) for name, spec in props.items()]
 
 
-def derive_mapping(text: str, fmt: str, table: str, key: tuple[str, ...] = ()) -> dict:
-    """The mapping (as :func:`kdg.mapping.spec.load_file` reads it from TOML) for ``table``."""
+def schema_columns(text: str, fmt: str, kind: str = "json") -> dict[str, dict]:
+    """``{column: {"type", "from"}}``: each top-level field of the schema as a column, read by ``kind``
+    (``json`` for the value, ``key`` for the record key). The one way a registry schema becomes columns:
+    ``kdg mapping from-schema`` and a ``columns = "from-schema"`` route (:mod:`kdg.mapping.from_record`)."""
     columns, seen = {}, {}
     for field, pg_type in fields_of(text, fmt):
         name = column_name(field)
         if name in seen:
             raise UsageError(f"fields {seen[name]!r} and {field!r} would both be column {name!r}")
         seen[name] = field
-        source = f"json:{field}" if not field.startswith("/") else "json:/" + field.replace("~", "~0").replace("/", "~1")
-        columns[name] = {"type": pg_type, "from": source}
+        path = field if not field.startswith("/") else "/" + field.replace("~", "~0").replace("/", "~1")
+        columns[name] = {"type": pg_type, "from": f"{kind}:{path}"}
+    return columns
+
+
+def derive_mapping(text: str, fmt: str, table: str, key: tuple[str, ...] = ()) -> dict:
+    """The mapping (as :func:`kdg.mapping.spec.load_file` reads it from TOML) for ``table``."""
+    columns = schema_columns(text, fmt)
     for name in key:
         if name not in columns:
             raise UsageError(f"--key {name!r} is not one of the derived columns: {', '.join(columns)}")
