@@ -64,6 +64,7 @@ class PostgresSink(Sink):
         self.writers: dict[str, TableWriter] = {}  # by table identity
         self._by_topic: dict[str, TableWriter] = {}
         self._sources: dict[str, object] = {}  # per route of a {source.*} template: a reader of its events
+        self._registry_client = None  # from-schema routes' registry schemas (kdg.schemas.registry.Registry)
         self.schema_changes: list[dict] = []  # columns evolve = add-columns added, said as they are
         self.skipped: Counter = Counter()  # (topic, kind): Debezium heartbeats and schema-change events no table took
         self.windows: list = []  # exactly-once: the tables' claim windows, maintained from here (keep_window)
@@ -137,20 +138,22 @@ class PostgresSink(Sink):
         from kdg.errors import SchemaIncompatible
         from kdg.mapping import RowMaker
         from kdg.mapping.evolution import SchemaChange, plan_changes
-        from kdg.mapping.from_record import mapping_from_record, optional_columns
+        from kdg.mapping.from_record import mapping_from_record, optional_columns, schema_head
 
         mapping, table, dead = writer.target.mapping, writer.target.mapping.table, []
+        registry = self._schema_registry(mapping)
         for rec, key in records:
             value = rec.value
-            cut = value.find(b'"payload"') if value is not None and rec.row is None else -1
-            head = value[:cut] if cut >= 0 else None
+            # the schema it carries, named without decoding: a registry id's header, JsonConverter's schema text
+            head = schema_head(value, mapping.value_format) if rec.row is None else None
             if head in writer.refused:
                 dead.append((rec, writer.refused[head], key))
             if head is None or head in writer.schemas or head in writer.refused:
                 continue
-            found = mapping_from_record(value, rec.key, mapping, table)
+            found = mapping_from_record(value, rec.key, mapping, table, registry)
             shape = self.store.table_shape(table) if found is not None else None
-            changes = plan_changes(found, optional_columns(value, mapping.envelope), shape.types, shape.not_null,
+            optional = optional_columns(value, mapping.envelope, mapping.value_format, registry)
+            changes = plan_changes(found, optional, shape.types, shape.not_null,
                                    shape.primary_key) if shape is not None else []
             mapped = {c.name for c in mapping.columns}
             new = [c for c in found.columns if c.name not in mapped] if found is not None else []
@@ -199,18 +202,31 @@ class PostgresSink(Sink):
         self.schema_changes.append({"table": table.text, "column": change.column, "type": change.type,
                                     "change": said or done[change.change], "why": _WHY[change.change]})
 
-    @staticmethod
-    def _derive(topic: str, target: Target, records):
+    def _derive(self, topic: str, target: Target, records):
         """The mapping of ``topic``'s table from the schema the first of its records that has one carries
         (:func:`kdg.mapping.from_record.mapping_from_record`); None until one does."""
         from kdg.mapping.from_record import mapping_from_record
 
+        registry = self._schema_registry(target.mapping)
         for rec, _ in records:
             if rec.topic == topic and rec.value is not None:
-                found = mapping_from_record(rec.value, rec.key, target.mapping, target.table)
+                found = mapping_from_record(rec.value, rec.key, target.mapping, target.table, registry)
                 if found is not None:
                     return found
         return None
+
+    def _schema_registry(self, mapping):
+        """The registry client from-schema routes read registry schemas with (one, made when first needed);
+        None for a route whose values are JSON."""
+        from kdg.schemas.formats import SCHEMA_FORMATS
+
+        if mapping.value_format not in SCHEMA_FORMATS:
+            return None
+        if self._registry_client is None:
+            from kdg.schemas.registry import Registry
+
+            self._registry_client = Registry(self.registry or {})
+        return self._registry_client
 
     def _source(self, topic: str, records):
         """The source block of the first of ``topic``'s records that has one (a ``{source.*}`` template)."""
