@@ -1,0 +1,87 @@
+"""Columns from the records' schema when the records name a Schema Registry schema id (issue 47), through the
+session's real registry: Avro v1 → v2 adds an optional field mid-topic. Under evolve = "add-columns" and
+exactly-once, with the consumer SIGKILLed between the versions, the table gains the column, v1 rows have NULL,
+v2 rows the value, 0 lost, 0 duplicated; under evolve = "none" the new field is said, not written.
+"""
+
+import json
+import signal
+import uuid
+
+import pytest
+from conftest import as_json, audited
+
+from kdg.kafka.admin import ensure_topic
+from kdg.store.pg import Store
+
+pytestmark = pytest.mark.stack
+V1 = {"type": "record", "name": "Visit", "namespace": "kdgtest",
+      "fields": [{"name": "id", "type": "long"}, {"name": "pageName", "type": "string"}]}
+V2 = {**V1, "fields": V1["fields"] + [{"name": "referrer", "type": ["null", "string"], "default": None}]}
+
+
+def visits(kdg, env, topic, tmp_path, n: int) -> dict:
+    """``n`` visits in v1, then ``n`` in v2 (ids n to 2n-1, each with a referrer), produced through the registry;
+    what each id's row should be."""
+    want = {}
+    for version, schema, ids in (("v1", V1, range(n)), ("v2", V2, range(n, 2 * n))):
+        path, lines = tmp_path / f"{topic}-{version}.avsc", tmp_path / f"{topic}-{version}.jsonl"
+        path.write_text(json.dumps(schema))
+        docs = [{"id": i, "pageName": f"p{i}"} | ({"referrer": f"r{i}"} if version == "v2" else {}) for i in ids]
+        lines.write_text("".join(json.dumps(d) + "\n" for d in docs))
+        sent = as_json(kdg("produce", topic, "--value-format", "avro", "--schema", path, "--file", lines,
+                           "-g", "exactly-once", "--json", env=env))
+        assert (sent["sent"], sent["failed"]) == (n, 0), sent
+        want |= {d["id"]: (d["pageName"], d.get("referrer")) for d in docs}
+    return want
+
+
+def consume(topic, group, table, *flags) -> tuple:
+    return ("consume", topic, "-G", group, "-g", "exactly-once", "--table", table, "--value-format", "avro",
+            "--columns", "from-schema", "--create-table", "--id-from", "offset", "--batch-size", 20, "-e", "--json",
+            *flags)
+
+
+def table_rows(conn, table: str, columns: str) -> list:
+    with Store(conn.pg_dsn) as store:
+        return [tuple(r) for r in store.fetch(f"SELECT {columns} FROM {table} ORDER BY id")]
+
+
+def test_a_field_added_mid_topic_adds_its_column_across_a_consumer_kill(kdg, conn, group, schema_registry, tmp_path):
+    env, n = {"KDG_SCHEMA_REGISTRY": schema_registry}, 60
+    topic, table = f"visits-{uuid.uuid4().hex[:8]}", f"visits_{uuid.uuid4().hex[:8]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    want = visits(kdg, env, topic, tmp_path, n)
+    run = consume(topic, group, table, "--evolve", "add-columns")
+    # batches of 20: the 4th is the first of v2; the consumer is killed after writing it, before its commit
+    crashed = kdg(*run, env={**env, "KDG_FAULT": "after-process-before-commit@4"}, check=False)
+    assert crashed.returncode == -signal.SIGKILL, f"the fault did not fire: {crashed.stderr}"
+    assert table_rows(conn, table, "id, page_name") == [(i, f"p{i}") for i in range(n)]  # v1 only, committed
+
+    report = as_json(kdg(*run, env=env))
+    assert report["dead_lettered"] == 0, report
+    assert table_rows(conn, table, "id, page_name, referrer") == [(i, *want[i]) for i in range(2 * n)]
+    with Store(conn.pg_dsn) as store:  # the column added: nullable text, as the Avro union ["null", "string"]
+        added = store.fetch("SELECT data_type, is_nullable FROM information_schema.columns WHERE table_name = $1 "
+                            "AND column_name = 'referrer'", table)
+    assert [tuple(r) for r in added] == [("text", "YES")], added
+    audit = audited(kdg, topic, "--table", table, "-G", group, "--id-from", "offset")
+    assert (audit["lost"], audit["duplicates"]) == (0, 0) and audit["balanced"], audit
+
+
+def test_under_evolve_none_a_new_registry_field_is_said_and_not_written(kdg, conn, group, schema_registry, tmp_path):
+    env = {"KDG_SCHEMA_REGISTRY": schema_registry}
+    topic, table = f"visits-{uuid.uuid4().hex[:8]}", f"visits_{uuid.uuid4().hex[:8]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    visits(kdg, env, topic, tmp_path, 10)
+    done = kdg(*consume(topic, group, table), env=env)
+    report = as_json(done)
+    assert (report["processed"], report["dead_lettered"]) == (20, 0), report
+    said = [(c["column"], c["change"]) for c in report["schema_changes"]]
+    assert said == [("referrer", "not followed (evolve = none: its values are not written)")], report
+    assert f"public.{table}: column referrer text not followed" in done.stderr, done.stderr
+    with Store(conn.pg_dsn) as store:
+        names = [r["column_name"] for r in store.fetch("SELECT column_name FROM information_schema.columns "
+                                                        "WHERE table_name = $1 ORDER BY ordinal_position", table)]
+    assert "referrer" not in names and {"id", "page_name"} <= set(names), names
+    assert table_rows(conn, table, "id, page_name") == [(i, f"p{i}") for i in range(20)]
