@@ -10,39 +10,15 @@ from decimal import Decimal
 
 from conftest import audited
 from test_examples import copied, kdg_in, run
-from test_transforms import ORDERS
+from test_transforms import ORDERS, PIPELINE as FAN_OUT
 
 from kdg.kafka.admin import ensure_topic
 from kdg.store.pg import Store
 
 HERE = os.path.dirname(__file__)
-# a fan-out (one topic into two tables, each with its transform), and a route whose transform raises on some orders
-PIPELINE = """[[route]]
-name = "shop"
-topics = ["{orders}"]
-
-[[route.into]]
-table = "{prefix}_orders"
-transform = "shop_logic:orders"
-mode = "upsert"
-key = ["id"]
-create_table = true
-[route.into.columns]
-id = {{ type = "bigint", from = "json:id" }}
-total = {{ type = "numeric(12,2)", from = "json:total" }}
-
-[[route.into]]
-table = "{prefix}_order_lines"
-transform = "shop_logic:lines"
-mode = "upsert"
-key = ["order_id", "n"]
-create_table = true
-[route.into.columns]
-order_id = {{ type = "bigint", from = "json:order_id" }}
-n = {{ type = "integer", from = "json:n" }}
-sku = {{ type = "text", from = "json:sku" }}
-qty = {{ type = "integer", from = "json:qty" }}
-
+# test_transforms' fan-out (one topic into two tables, each with its transform), and a route whose transform raises
+# on some orders
+PIPELINE = FAN_OUT.replace("{topic}", "{orders}") + """
 [[route]]
 name = "fragile"
 topics = ["{fragile}"]
