@@ -1,7 +1,8 @@
 """Columns from the records' schema when the records name a Schema Registry schema id (issue 47), through the
 session's real registry: Avro v1 → v2 adds an optional field mid-topic. Under evolve = "add-columns" and
 exactly-once, with the consumer SIGKILLed between the versions, the table gains the column, v1 rows have NULL,
-v2 rows the value, 0 lost, 0 duplicated; under evolve = "none" the new field is said, not written.
+v2 rows the value, 0 lost, 0 duplicated; under evolve = "none" the new field is said, not written; and an Avro
+key record's fields are the table's primary key.
 """
 
 import json
@@ -85,3 +86,33 @@ def test_under_evolve_none_a_new_registry_field_is_said_and_not_written(kdg, con
                                                         "WHERE table_name = $1 ORDER BY ordinal_position", table)]
     assert "referrer" not in names and {"id", "page_name"} <= set(names), names
     assert table_rows(conn, table, "id, page_name") == [(i, f"p{i}") for i in range(20)]
+
+
+def test_an_avro_key_record_gives_the_primary_key_and_upserts_on_it(kdg, conn, group, schema_registry):
+    """Avro keys of schema {id}: the table made from the first schema has id as its primary key, and an upsert
+    route keeps each id's last value."""
+    from confluent_kafka import Producer
+
+    from kdg.schemas.codecs import SchemaEncoder
+    from kdg.schemas.registry import Registry
+
+    topic, table = f"visits-{uuid.uuid4().hex[:8]}", f"visits_{uuid.uuid4().hex[:8]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    registry = Registry({"schema.registry.url": schema_registry})
+    key_schema = {"type": "record", "name": "VisitKey", "namespace": "kdgtest",
+                  "fields": [{"name": "id", "type": "long"}]}
+    encode_key = SchemaEncoder("avro", json.dumps(key_schema), f"{topic}-key", registry)
+    encode_value = SchemaEncoder("avro", json.dumps(V1), f"{topic}-value", registry)
+    producer = Producer({"bootstrap.servers": conn.bootstrap_servers})
+    for i in range(30):  # ids 0-9, three times each
+        doc = json.dumps({"id": i % 10, "pageName": f"p{i}"}).encode()
+        producer.produce(topic, encode_value(doc), encode_key(json.dumps({"id": i % 10}).encode()))
+    producer.flush(30)
+    report = as_json(kdg(*consume(topic, group, table, "--key-format", "avro", "--mode", "upsert"),
+                         env={"KDG_SCHEMA_REGISTRY": schema_registry}))
+    assert report["dead_lettered"] == 0, report
+    with Store(conn.pg_dsn) as store:
+        key = store.fetch("SELECT a.attname FROM pg_index i JOIN pg_attribute a ON a.attrelid = i.indrelid "
+                          "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = $1::regclass AND i.indisprimary", table)
+    assert [r["attname"] for r in key] == ["id"], key
+    assert table_rows(conn, table, "id, page_name") == [(i, f"p{20 + i}") for i in range(10)]

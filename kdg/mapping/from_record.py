@@ -30,9 +30,10 @@ table), and where the key is a record in a registry format too, its fields are t
 sink meets each schema once.
 
 A record without a schema (plain JSON, a tombstone, not JSON, not the wire format, an id the registry does not
-know) gives None: the caller waits for one that has it (and the record's decoding says why it cannot be read). So does a Debezium event with no row schema (a heartbeat, a schema-change event). Every column is
-nullable: an optional field's values may be null, and a required one's NOT NULL is not said (the table's
-primary key columns are NOT NULL all the same).
+know) gives None: the caller waits for one that has it (and the record's decoding says why it cannot be read).
+So does a Debezium event with no row schema (a heartbeat, a schema-change event). Every column is nullable: an
+optional field's values may be null, and a required one's NOT NULL is not said (the table's primary key columns
+are NOT NULL all the same).
 
 Example:
     >>> from kdg.mapping.spec import Column, Mapping
