@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Iterator
 
-from kdg.errors import KeylessRecord, UsageError
+from kdg.errors import UsageError
 
 
 def check_logic(router, handler) -> tuple[str, ...]:
@@ -119,7 +119,7 @@ def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
     from kdg.flow.transform import fan_out
     from kdg.records import Record
     from kdg.sinks.dead_letters import refused_row
-    from kdg.spark.writer import SUMMARY_COUNTS, _keys, _LazyDeadLetters, _records
+    from kdg.spark.writer import SUMMARY_COUNTS, _keys, _LazyDeadLetters, keyed_records
     from kdg.store.pg import Store
 
     outputs = [_Output(route, s) for route, s in spec.fans] if spec.fans else [_Output(None, spec)]
@@ -165,24 +165,7 @@ def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
                 faults.reach("spark-task-mid-write")
 
         for batch in batches:
-            pairs = []
-            for rec, key in _records(batch):
-                totals["rows_read"] += 1
-                if key is None and rec.is_probe:  # `kdg doctor`'s record (job.key_expression)
-                    totals["probes_skipped"] += 1
-                    continue
-                if fill is not None:
-                    key = fill(key, rec)
-                if spec.dedup:
-                    if key is None:
-                        raise KeylessRecord(f"record {rec.topic}/{rec.partition}/{rec.offset} has no kdg-id header "
-                                            "and no --id-from key; exactly-once needs an idempotency key for every "
-                                            "record")
-                    if key in seen:  # a repeat within this task's range: neither transformed nor written
-                        totals["duplicates_dropped"] += 1
-                        continue
-                    seen.add(key)
-                pairs.append((rec, key))
+            pairs = list(keyed_records(batch, spec, fill, seen, totals))
             if plain:
                 pending += pairs
             else:

@@ -249,22 +249,7 @@ def _write_typed(batches: Iterator, spec: WriteSpec, fault_armed: bool) -> dict:
                 faults.reach("spark-task-mid-write")
 
         for batch in batches:
-            for rec, key in _records(batch):
-                totals["rows_read"] += 1
-                if key is None and rec.is_probe:
-                    totals["probes_skipped"] += 1
-                    continue
-                if fill is not None:
-                    key = fill(key, rec)
-                if spec.dedup:
-                    if key is None:
-                        raise KeylessRecord(f"record {rec.topic}/{rec.partition}/{rec.offset} has no kdg-id header "
-                                            "and no --id-from key; exactly-once needs an idempotency key for every "
-                                            "record")
-                    if key in seen:
-                        totals["duplicates_dropped"] += 1
-                        continue
-                    seen.add(key)
+            for rec, key in keyed_records(batch, spec, fill, seen, totals):
                 why = _refused(spec, rec) if spec.from_schema else None
                 if why is not None:
                     refused.append((rec, why, key))
@@ -290,6 +275,28 @@ def _refused(spec: WriteSpec, rec: Record) -> str | None:
         raise RuntimeError(f"record {rec.topic}/{rec.partition}/{rec.offset} carries a schema the driver did not meet "
                            "with its table; nothing of it is written")
     return why
+
+
+def keyed_records(batch, spec: WriteSpec, fill, seen: set, totals: dict) -> Iterator[tuple[Record, str | None]]:
+    """One Arrow batch's records with their idempotency keys (``fill``: --id-from's, for records without one):
+    `kdg doctor`'s probes stepped over, and under exactly-once a keyless record refused and a key the task's
+    range repeats (in ``seen``) dropped, each counted in ``totals``."""
+    for rec, key in _records(batch):
+        totals["rows_read"] += 1
+        if key is None and rec.is_probe:  # `kdg doctor`'s record (job.key_expression)
+            totals["probes_skipped"] += 1
+            continue
+        if fill is not None:
+            key = fill(key, rec)
+        if spec.dedup:
+            if key is None:
+                raise KeylessRecord(f"record {rec.topic}/{rec.partition}/{rec.offset} has no kdg-id header and no "
+                                    "--id-from key; exactly-once needs an idempotency key for every record")
+            if key in seen:  # a repeat within this task's range: neither transformed nor written
+                totals["duplicates_dropped"] += 1
+                continue
+            seen.add(key)
+        yield rec, key
 
 
 def _records(batch) -> Iterator[tuple[Record, str | None]]:
