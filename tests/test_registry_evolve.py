@@ -2,12 +2,13 @@
 session's real registry: Avro v1 → v2 adds an optional field mid-topic. Under evolve = "add-columns" and
 exactly-once, with the consumer SIGKILLed between the versions, the table gains the column, v1 rows have NULL,
 v2 rows the value, 0 lost, 0 duplicated; under evolve = "none" the new field is said, not written; and an Avro
-key record's fields are the table's primary key.
+key record's fields are the table's primary key, a Debezium change stream's in Avro too.
 """
 
 import json
 import signal
 import uuid
+from pathlib import Path
 
 import pytest
 from conftest import as_json, audited
@@ -16,6 +17,7 @@ from kdg.kafka.admin import ensure_topic
 from kdg.store.pg import Store
 
 pytestmark = pytest.mark.stack
+SCHEMAS = Path(__file__).parent / "schemas"
 V1 = {"type": "record", "name": "Visit", "namespace": "kdgtest",
       "fields": [{"name": "id", "type": "long"}, {"name": "pageName", "type": "string"}]}
 V2 = {**V1, "fields": V1["fields"] + [{"name": "referrer", "type": ["null", "string"], "default": None}]}
@@ -116,3 +118,41 @@ def test_an_avro_key_record_gives_the_primary_key_and_upserts_on_it(kdg, conn, g
                           "AND a.attnum = ANY(i.indkey) WHERE i.indrelid = $1::regclass AND i.indisprimary", table)
     assert [r["attname"] for r in key] == ["id"], key
     assert table_rows(conn, table, "id, page_name") == [(i, f"p{20 + i}") for i in range(10)]
+
+
+def test_a_debezium_change_stream_in_avro_makes_its_table_from_the_after_schema(kdg, conn, group, schema_registry):
+    """Debezium's events in Avro (AvroConverter: the envelope's after names the row record before defines), keyed
+    by Avro {id}: the replica is made from the row's schema with id as its primary key, and equals the source."""
+    from confluent_kafka import Producer
+
+    from kdg.schemas.codecs import SchemaEncoder
+    from kdg.schemas.registry import Registry
+
+    topic, table = f"cdc-{uuid.uuid4().hex[:8]}", f"replica_{uuid.uuid4().hex[:8]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    registry = Registry({"schema.registry.url": schema_registry})
+    key_schema = {"type": "record", "name": "Key", "namespace": "shop.orders",
+                  "fields": [{"name": "id", "type": "long"}]}
+    encode_key = SchemaEncoder("avro", json.dumps(key_schema), f"{topic}-key", registry)
+    encode_value = SchemaEncoder("avro", (SCHEMAS / "change.avsc").read_text(), f"{topic}-value", registry)
+    producer, source = Producer({"bootstrap.servers": conn.bootstrap_servers}), {}
+    events = [("c", i, {"id": i, "name": f"n{i}", "qty": i}) for i in range(10)] + \
+             [("u", i, {"id": i, "name": f"m{i}", "qty": 10 * i}) for i in range(0, 10, 3)] + [("d", 4, None)]
+    for op, i, after in events:
+        before = source.get(i)
+        source[i] = after
+        event = {"before": before, "after": after, "op": op, "ts_ms": 1767323045123}
+        producer.produce(topic, encode_value(json.dumps(event).encode()),
+                         encode_key(json.dumps({"id": i}).encode()))
+    producer.flush(30)
+    report = as_json(kdg("consume", topic, "-G", group, "-g", "exactly-once", "--table", table, "--envelope",
+                         "debezium", "--value-format", "avro", "--key-format", "avro", "--columns", "from-schema",
+                         "--create-table", "--id-from", "offset", "-e", "--json",
+                         env={"KDG_SCHEMA_REGISTRY": schema_registry}))
+    assert report["dead_lettered"] == 0, report
+    with Store(conn.pg_dsn) as store:
+        key = store.fetchval("SELECT string_agg(a.attname, ',') FROM pg_index i JOIN pg_attribute a ON "
+                             "a.attrelid = i.indrelid AND a.attnum = ANY(i.indkey) "
+                             "WHERE i.indrelid = $1::regclass AND i.indisprimary", table)
+        got = {r["id"]: dict(r) for r in store.fetch(f"SELECT id, name, qty FROM {table}")}
+    assert key == "id" and got == {i: row for i, row in source.items() if row is not None}, (key, got)

@@ -25,7 +25,8 @@ Each type is one :mod:`kdg.mapping.connect` converts into, so a value arrives as
 A record in a Schema Registry format (``value_format = "avro" | "protobuf" | "json-schema"``) names its writer's
 schema by the id in its 5-byte header (:mod:`kdg.schemas.wire`): that schema's top-level fields become the
 columns the way ``kdg mapping from-schema`` makes them (:func:`kdg.schemas.derive.schema_columns`, its types
-table), and where the key is a record in a registry format too, its fields are the mapping's key.
+table), and where the key is a record in a registry format too, its fields are the mapping's key
+(:mod:`kdg.mapping.from_registry`).
 :func:`schema_head` names a record's schema cheaply (the header, or JsonConverter's schema text), so that a
 sink meets each schema once.
 
@@ -49,16 +50,15 @@ Example:
     (['id integer = json:id', 'placed_at timestamp = json:placedAt'], ('id',))
 """
 
-import functools
 from dataclasses import replace
 
 from kdg.errors import UsageError
 from kdg.mapping.record_schemas import envelope_field, is_wrapped
 from kdg.mapping.sources import parse_json, parse_source
-from kdg.mapping.spec import Column, Mapping, make_column, validate
+from kdg.mapping.spec import Column, Mapping, validate
 from kdg.mapping.types import parse_type
-from kdg.schemas.derive import column_name, schema_columns
-from kdg.schemas.formats import REGISTRY_TYPE, SCHEMA_FORMATS
+from kdg.schemas.derive import column_name
+from kdg.schemas.formats import SCHEMA_FORMATS
 from kdg.schemas.wire import MAGIC
 from kdg.settings import TableName
 
@@ -102,7 +102,9 @@ def mapping_from_record(value: bytes | None, key: bytes | None, base: Mapping, t
 
     ``base.key`` is kept only when the record key names no fields."""
     if base.value_format in SCHEMA_FORMATS:
-        return _from_registry(value, key, base, table, registry)
+        from kdg.mapping.from_registry import mapping_from_registry
+
+        return mapping_from_registry(value, key, base, table, registry)
     if base.value_format != "json":
         raise UsageError(f"columns from the record's schema: value_format {base.value_format} carries no schema; "
                          "use json (Kafka Connect's JsonConverter), avro, protobuf or json-schema")
@@ -119,10 +121,10 @@ def mapping_from_record(value: bytes | None, key: bytes | None, base: Mapping, t
             columns[field] = _column(field, spec, "key", cdc)
     _check_names(columns)
     names = {field: column.name for field, column in columns.items()}
-    return _made(base, table, tuple(columns.values()), tuple(names[f] for f in key_fields) or base.key)
+    return made_mapping(base, table, tuple(columns.values()), tuple(names[f] for f in key_fields) or base.key)
 
 
-def _made(base: Mapping, table: TableName, columns: tuple[Column, ...], key: tuple[str, ...]) -> Mapping:
+def made_mapping(base: Mapping, table: TableName, columns: tuple[Column, ...], key: tuple[str, ...]) -> Mapping:
     """``base`` for ``table`` with the schema's ``columns`` (then its ``extra_columns``) and ``key``."""
     names = {c.name for c in columns}
     taken = next((c for c in base.extra_columns if c.name in names), None)
@@ -130,57 +132,6 @@ def _made(base: Mapping, table: TableName, columns: tuple[Column, ...], key: tup
         raise UsageError(f"column {taken.name!r} ({taken.source.spec}) is also a field of the record's schema; "
                          "name it otherwise")
     return validate(replace(base, table=table, columns=columns + base.extra_columns, key=key))
-
-
-def _from_registry(value: bytes | None, key: bytes | None, base: Mapping, table: TableName, registry):
-    """:func:`mapping_from_record` of a record in a registry format: the value's schema, by its id, gives the
-    columns (each read by ``json:FIELD``); a key in a registry format whose schema is a record gives the key."""
-    if base.envelope == "debezium":
-        raise UsageError(f"columns from the record's schema: a Debezium change event in {base.value_format} is not "
-                         "read for its row's schema yet; use Kafka Connect's JsonConverter (value_format json), "
-                         "or derive the mapping with `kdg mapping from-schema SUBJECT`")
-    if registry is None:
-        raise UsageError(f"columns from the record's schema: value_format {base.value_format} needs the Schema "
-                         "Registry the records' schemas are in")
-    text = _registered(value, base.value_format, registry)
-    if text is None:
-        return None
-    columns = dict(registered_columns(text, base.value_format, "json"))
-    key_text = _registered(key, base.key_format, registry) if base.key_format in SCHEMA_FORMATS else None
-    key_columns = _key_columns(key_text, base.key_format) if key_text is not None else {}
-    for name, column in key_columns.items():
-        if name not in columns or base.on_tombstone == "delete":  # a tombstone has no value: its key says the row
-            columns[name] = column
-    return _made(base, table, tuple(columns.values()), tuple(key_columns) or base.key)
-
-
-@functools.lru_cache(maxsize=64)
-def registered_columns(text: str, fmt: str, kind: str) -> tuple[tuple[str, Column], ...]:
-    """``(name, column)`` of each top-level field of a registry schema, made once per schema (the same id is the
-    same text): :func:`kdg.schemas.derive.schema_columns`, as ``kdg mapping from-schema`` derives them."""
-    return tuple((name, make_column(name, c["type"], c["from"])) for name, c in schema_columns(text, fmt, kind).items())
-
-
-def _key_columns(text: str, fmt: str) -> dict:
-    """The key's fields as columns (read by ``key:FIELD``), where its schema is a record; else none."""
-    try:
-        return dict(registered_columns(text, fmt, "key"))
-    except UsageError:  # a key schema that is no record (a string, a long): the mapping's key stays
-        return {}
-
-
-def _registered(data: bytes | None, fmt: str, registry) -> str | None:
-    """The text of the registry schema ``data`` names by its id; None where it names none the registry has in
-    ``fmt`` (the record's decoding then says why it cannot be read)."""
-    if schema_head(data, fmt) is None:
-        return None
-    schema_id = int.from_bytes(data[1:5], "big")
-    try:
-        text, schema_type = registry.schema(schema_id)
-    except ValueError:  # an id the registry does not know
-        return None
-    # a registry that leaves schemaType out means AVRO (as the decoder reads it, kdg.schemas.codecs)
-    return None if schema_type and schema_type.upper() not in (REGISTRY_TYPE[fmt], "AVRO") else text
 
 
 def column_type(schema) -> str:
@@ -207,10 +158,9 @@ def optional_columns(value: bytes | None, envelope: str, fmt: str = "json", regi
     """The columns whose fields the record's schema says are optional (may be null): JsonConverter's, or the
     registry's (``fmt`` a registry format, ``registry`` its client)."""
     if fmt in SCHEMA_FORMATS:
-        from kdg.mapping.preview import optional_fields
+        from kdg.mapping.from_registry import optional_registry_columns
 
-        text = _registered(value, fmt, registry) if registry is not None else None
-        return optional_fields(text, fmt) if text is not None else set()
+        return optional_registry_columns(value, envelope, fmt, registry)
     schema = _row_schema(_schema_of(value), envelope)
     if type(schema) is not dict:
         return set()
