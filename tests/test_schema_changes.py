@@ -189,6 +189,38 @@ def test_add_columns_widens_a_type_drops_not_null_and_adds_a_field(kdg, conn, gr
     assert got == want and (shape["type"], shape["attnotnull"]) == ("bigint", False), (shape, got)
 
 
+def test_evolve_none_says_a_new_field_and_takes_it_up_once_the_user_adds_its_column(kdg, conn, group):
+    """evolve = none: a field new to the table is said (not followed), its values not written; after the user's
+    own ALTER TABLE a run that meets the old schema first, then the new one, takes the field up (the table has
+    it) and writes its new records' values; records written before keep NULL (--reprocess fills them)."""
+    topic, table = f"none-{uuid.uuid4().hex[:8]}", f"none_{uuid.uuid4().hex[:8]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    producer = Producer({"bootstrap.servers": conn.bootstrap_servers})
+
+    def send(ids) -> None:
+        for i in ids:
+            producer.produce(topic, value({"id": i, "tier": f"t{i}"} if i >= 10 else {"id": i},
+                                          tier=("string", True)), key(i))
+        producer.flush(30)
+
+    run = ("consume", topic, "-G", group, "-g", "exactly-once", "--table", table, "--columns", "from-schema",
+           "--create-table", "--id-from", "offset", "-e", "--json")
+    send(range(20))
+    first = as_json(kdg(*run))
+    assert [(c["column"], c["change"][:12]) for c in first["schema_changes"]] == [("tier", "not followed")], first
+    with Store(conn.pg_dsn) as store:
+        store.execute(f"ALTER TABLE {table} ADD COLUMN tier text")
+    send(range(20, 30))
+    again = list(run)
+    again[again.index(group)] = f"{group}-again"  # from the start: the old schema first
+    second = as_json(kdg(*again, "-o", "beginning"))
+    assert [(c["column"], c["change"]) for c in second["schema_changes"]] == [("tier", "taken up (added before)")]
+    assert (second["written"], second["duplicates_suppressed"]) == (10, 20), second
+    with Store(conn.pg_dsn) as store:
+        got = {r["id"]: r["tier"] for r in store.fetch(f"SELECT id, tier FROM {table}")}
+    assert got == {i: None if i < 20 else f"t{i}" for i in range(30)}, got
+
+
 # -- evolution previewed: pipeline check and mapping from-schema alter nothing ------------------------
 
 def table_columns(conn, table: str) -> list[tuple]:

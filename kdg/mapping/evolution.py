@@ -9,10 +9,19 @@ table, the column, both types and the ``ALTER TABLE`` a user may run. The sink a
 """
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from kdg.errors import SchemaIncompatible
 from kdg.mapping.spec import Column, Mapping
 from kdg.settings import TableName
+
+# how each kind of change is said (the report's schema_changes, the status line): why it is one, what it did,
+# and what evolve = "none" leaves undone
+WHY = {"add": "a field new to the table", "widen": "the field's type widened",
+       "drop not null": "the field became optional"}
+DONE = {"add": "added", "drop not null": "NOT NULL dropped"}
+NOT_FOLLOWED = {"add": "its values are not written", "widen": "a value past the column's range is dead-lettered",
+                "drop not null": "a null is dead-lettered"}
 
 # WIDER[t]: the types a column of type t may become with every value it holds kept as it is. A field whose schema
 # now gives one of them is a widening: evolve = "add-columns" alters the column to it. The other way round (a
@@ -116,3 +125,64 @@ def _numeric_holds(wide: tuple | None, narrow: tuple | None) -> bool:
     if wide is None:
         return True
     return narrow is not None and wide[0] - wide[1] >= narrow[0] - narrow[1] and wide[1] >= narrow[1]
+
+
+@dataclass
+class Met:
+    """What meeting a record schema with its table came to (:func:`meet_schema`)."""
+
+    refused: str | None = None  # on_incompatible = "dead-letter": why this schema's records go to the DLQ
+    said: list = field(default_factory=list)  # the changes to report, as schema_changes entries
+    columns: tuple = ()  # the columns the route's mapping takes up (the table has them now)
+    changed: bool = False  # the table or the mapping changed: the writer's target is to be made again
+
+
+def said(table: TableName, change: SchemaChange, wording: str | None = None) -> dict:
+    """``change`` as the report's ``schema_changes`` and the status line say it."""
+    return {"table": table.text, "column": change.column, "type": change.type,
+            "change": wording or DONE.get(change.change) or f"widened from {change.was}", "why": WHY[change.change]}
+
+
+def meet_schema(store, mapping: Mapping, found: Mapping, optional: set, said_before: set, resume: str) -> Met:
+    """A record schema new to a route (``found``: the mapping it makes, :func:`~kdg.mapping.from_record.
+    mapping_from_record`; ``optional``: its optional fields) met with the live table of ``mapping``, the route's
+    mapping so far — in `kdg consume`'s sink and on Spark's driver alike.
+
+    Under ``evolve = "add-columns"`` the table follows (:meth:`kdg.store.pg.Store.evolve_table`: a column added,
+    widened, its NOT NULL dropped, each made once however many writers meet it). Under ``"none"`` each change is
+    said once (``said_before``) and not made, but a field the table already has (a column its owner added) is
+    taken up. A type the column cannot take raises :class:`~kdg.errors.SchemaIncompatible` (``resume``: what
+    the user does after altering the table), or, under ``on_incompatible = "dead-letter"``, refuses the schema.
+    """
+    table = mapping.table
+    shape = store.table_shape(table)
+    changes = plan_changes(found, optional, shape.types, shape.not_null, shape.primary_key) if shape is not None else []
+    mapped = {c.name for c in mapping.columns}
+    new = [c for c in found.columns if c.name not in mapped]
+    follow = mapping.evolve == "add-columns"
+    if not follow:  # the table's own columns are taken up; what it lacks is said, not made
+        new = [c for c in new if shape is not None and c.name in shape.types]
+        taken = mapped | {c.name for c in new}
+        changes = [c for c in changes if c.column in taken or c.change == "add"]
+    wrong = next((c for c in changes if c.change == "incompatible"), None)
+    if wrong is not None:
+        reason = wrong.reason(table)
+        if mapping.on_incompatible != "dead-letter":
+            raise SchemaIncompatible(f"{reason}; then {resume} (or send such records to the dead-letter topic: "
+                                     'on_incompatible = "dead-letter" in a pipeline file\'s route)')
+        return Met(refused=f"a schema change kdg does not apply: {reason}")
+    met = Met(columns=tuple(new))
+    if follow:
+        made = store.evolve_table(table, changes)
+        met.said = [said(table, c) for c in made]
+    else:
+        made = []
+        for change in changes:
+            if (change.column, change.change) not in said_before:
+                said_before.add((change.column, change.change))
+                met.said.append(said(table, change, f"not followed (evolve = none: {NOT_FOLLOWED[change.change]})"))
+    done = {c.column for c in made}
+    met.said += [said(table, SchemaChange(c.name, "add", c.type.name), "taken up (added before)")
+                 for c in new if c.name not in done]
+    met.changed = bool(new or made)
+    return met

@@ -24,11 +24,6 @@ from kdg.store.pg import Store
 from kdg.store.rows import SinkRows, sink_row
 from kdg.store.unit import Part
 
-# a record schema's change (kdg.mapping.evolution.SchemaChange): why it is one; what evolve = none leaves
-_WHY = {"add": "a field new to the table", "widen": "the field's type widened", "drop not null":
-        "the field became optional"}
-_NOT_FOLLOWED = {"add": "its values are not written", "widen": "a value past the column's range is dead-lettered",
-                 "drop not null": "a null is dead-lettered"}
 UNROUTED_REASON = ("its table is named by its topic's events (a {source.*} template, or columns from the schema), "
                    "and no event of the topic read so far names it")
 
@@ -135,72 +130,52 @@ class PostgresSink(Sink):
         never silent. A type the column cannot take stops the route (:class:`~kdg.errors.SchemaIncompatible`,
         nothing of the batch written, its offsets not moved) or, under ``on_incompatible = "dead-letter"``, sends
         that schema's records to the dead-letter topic: returned as ``(record, reason, key)``."""
-        from kdg.errors import SchemaIncompatible
         from kdg.mapping import RowMaker
-        from kdg.mapping.evolution import SchemaChange, plan_changes
-        from kdg.mapping.from_record import mapping_from_record, optional_columns, schema_head
+        from kdg.mapping.evolution import meet_schema
+        from kdg.mapping.from_record import SCHEMA_FORMATS, mapping_from_record, optional_columns, schema_head
 
         mapping, table, dead = writer.target.mapping, writer.target.mapping.table, []
         registry = self._schema_registry(mapping)
+        framed = mapping.value_format in SCHEMA_FORMATS  # the schema is named by a 5-byte header
+        last = None  # the schema of the record before, met already: most records carry it (two compares, no copy)
         for rec, key in records:
             value = rec.value
+            if last is not None and rec.row is None and value is not None and value.startswith(last) and (
+                    framed or value.startswith(b'"payload"', len(last))):
+                continue
             # the schema it carries, named without decoding: a registry id's header, JsonConverter's schema text
             head = schema_head(value, mapping.value_format) if rec.row is None else None
             if head in writer.refused:
                 dead.append((rec, writer.refused[head], key))
+            if head in writer.schemas:
+                last = head
             if head is None or head in writer.schemas or head in writer.refused:
                 continue
             found = mapping_from_record(value, rec.key, mapping, table, registry)
-            shape = self.store.table_shape(table) if found is not None else None
-            optional = optional_columns(value, mapping.envelope, mapping.value_format, registry)
-            changes = plan_changes(found, optional, shape.types, shape.not_null,
-                                   shape.primary_key) if shape is not None else []
-            mapped = {c.name for c in mapping.columns}
-            new = [c for c in found.columns if c.name not in mapped] if found is not None else []
-            if mapping.evolve != "add-columns":  # the columns it maps only: a new field is said, not taken up
-                changes = [c for c in changes if c.column in mapped] + [SchemaChange(c.name, "add", c.type.name)
-                                                                        for c in new]
-            wrong = next((c for c in changes if c.change == "incompatible"), None)
-            if wrong is not None:
-                reason = wrong.reason(table)
-                if mapping.on_incompatible != "dead-letter":
-                    raise SchemaIncompatible(f"{reason}; then start kdg again: it resumes at the batch it stopped "
-                                             "before, none of which was written (or send such records to the "
-                                             'dead-letter topic: on_incompatible = "dead-letter" in a pipeline '
-                                             "file's route)")
-                writer.refused[head] = reason = f"a schema change kdg does not apply: {reason}"
-                dead.append((rec, reason, key))
+            if found is None:  # no row schema: nothing to meet
+                writer.schemas.add(head)
+                continue
+            met = meet_schema(self.store, mapping, found,
+                              optional_columns(value, mapping.envelope, mapping.value_format, registry), writer.said,
+                              "start kdg again: it resumes at the batch it stopped before, none of which was written")
+            if met.refused is not None:
+                writer.refused[head] = met.refused
+                dead.append((rec, met.refused, key))
                 continue
             writer.schemas.add(head)
-            if mapping.evolve != "add-columns":
-                for change in changes:
-                    if (change.column, change.change) not in writer.said:
-                        writer.said.add((change.column, change.change))
-                        self._said(table, change, f"not followed (evolve = none: {_NOT_FOLLOWED[change.change]})")
-                continue
-            made = self.store.evolve_table(table, changes)
-            for change in made:
-                self._said(table, change)
-            taken = {c.column for c in made}
-            for column in new:
-                if column.name not in taken:  # another writer added it first
-                    self._said(table, SchemaChange(column.name, "add", column.type.name), "taken up (added before)")
-            if new or made:
-                typed, _ = self.store.prepare_typed(replace(mapping, columns=mapping.columns + tuple(new)))
+            last = head
+            self.schema_changes += met.said
+            if met.changed:
+                typed, _ = self.store.prepare_typed(replace(mapping, columns=mapping.columns + met.columns))
                 typed = replace(typed, reprocess=writer.target.reprocess)  # (checked when the writer was made)
                 writer.target, writer.rows = typed, RowMaker(typed.mapping, self.registry, watch=True, truncates=True)
                 mapping = typed.mapping
         return dead
 
-    def _added(self, columns, table, change: str = "added") -> None:
-        self.schema_changes += [{"table": table.text, "column": c.name, "type": c.type.name, "change": change,
-                                 "why": _WHY["add"]} for c in columns]
+    def _added(self, columns, table) -> None:
+        from kdg.mapping.evolution import SchemaChange, said
 
-    def _said(self, table, change, said: str | None = None) -> None:
-        """Keep ``change`` (:class:`~kdg.mapping.evolution.SchemaChange`) for the report and its status line."""
-        done = {"add": "added", "widen": f"widened from {change.was}", "drop not null": "NOT NULL dropped"}
-        self.schema_changes.append({"table": table.text, "column": change.column, "type": change.type,
-                                    "change": said or done[change.change], "why": _WHY[change.change]})
+        self.schema_changes += [said(table, SchemaChange(c.name, "add", c.type.name)) for c in columns]
 
     def _derive(self, topic: str, target: Target, records):
         """The mapping of ``topic``'s table from the schema the first of its records that has one carries

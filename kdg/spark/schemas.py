@@ -20,19 +20,10 @@ in silence.
 import re
 from dataclasses import dataclass, field, replace
 
-from kdg.errors import SchemaIncompatible
-
 # a JsonConverter value, as Spark SQL (a Java regular expression) and Python (bytes) both find it
 _WRAPPED = r'^\s*\{\s*"schema"\s*:'
 _WRAPPED_BYTES = re.compile(rb'\s*\{\s*"schema"\s*:')
 _PAYLOAD = '"payload"'
-# a record schema's change (kdg.mapping.evolution.SchemaChange): why it is one; what evolve = none leaves
-# (the words `kdg consume` says: kdg.sinks.postgres)
-WHY = {"add": "a field new to the table", "widen": "the field's type widened",
-       "drop not null": "the field became optional"}
-NOT_FOLLOWED = {"add": "its values are not written", "widen": "a value past the column's range is dead-lettered",
-                "drop not null": "a null is dead-lettered"}
-DONE = {"add": "added", "drop not null": "NOT NULL dropped"}
 
 
 def record_head(value: bytes | None) -> str | None:
@@ -84,7 +75,7 @@ class SchemaFollower:
 
     def meet(self, made, target, head: str, value: bytes, key: bytes | None) -> None:
         """``head``'s record schema (``value``, ``key``: a record carrying it) met with ``target``'s table."""
-        from kdg.mapping.evolution import SchemaChange, plan_changes
+        from kdg.mapping.evolution import SchemaChange, meet_schema, said
         from kdg.mapping.from_record import mapping_from_record, optional_columns
 
         followed = self.tables.setdefault(made, FollowedTable())
@@ -97,42 +88,18 @@ class SchemaFollower:
         if followed.typed is None:  # the first schema makes the table (or is checked against it), as in consume
             if found.evolve == "add-columns":
                 for column in self.store.add_columns(target.table, found.columns):
-                    self._said(target.table, SchemaChange(column.name, "add", column.type.name))
+                    self.schema_changes.append(said(target.table, SchemaChange(column.name, "add", column.type.name)))
             followed.typed, _ = self.store.prepare_typed(found)
         mapping = followed.typed.mapping
-        table = mapping.table
-        shape = self.store.table_shape(table)
-        changes = plan_changes(found, optional_columns(value, mapping.envelope), shape.types, shape.not_null,
-                               shape.primary_key)
-        mapped = {c.name for c in mapping.columns}
-        new = [c for c in found.columns if c.name not in mapped]
-        if mapping.evolve != "add-columns":  # the columns it maps only: a new field is said, not taken up
-            changes = [c for c in changes if c.column in mapped] + [SchemaChange(c.name, "add", c.type.name)
-                                                                    for c in new]
-        wrong = next((c for c in changes if c.change == "incompatible"), None)
-        if wrong is not None:
-            reason = wrong.reason(table)
-            if mapping.on_incompatible != "dead-letter":
-                raise SchemaIncompatible(f"{reason}; then {self.resume} (or send such records to the dead-letter "
-                                         'topic: on_incompatible = "dead-letter" in a pipeline file\'s route)')
-            followed.refused[head] = f"a schema change kdg does not apply: {reason}"
+        met = meet_schema(self.store, mapping, found, optional_columns(value, mapping.envelope), followed.said,
+                          self.resume)
+        if met.refused is not None:
+            followed.refused[head] = met.refused
             return
         followed.heads.add(head)
-        if mapping.evolve != "add-columns":
-            for change in changes:
-                if (change.column, change.change) not in followed.said:
-                    followed.said.add((change.column, change.change))
-                    self._said(table, change, f"not followed (evolve = none: {NOT_FOLLOWED[change.change]})")
-            return
-        made_now = self.store.evolve_table(table, changes)
-        for change in made_now:
-            self._said(table, change)
-        taken = {c.column for c in made_now}
-        for column in new:
-            if column.name not in taken:  # another writer added it first
-                self._said(table, SchemaChange(column.name, "add", column.type.name), "taken up (added before)")
-        if new or made_now:
-            followed.typed, _ = self.store.prepare_typed(replace(mapping, columns=mapping.columns + tuple(new)))
+        self.schema_changes += met.said
+        if met.changed:
+            followed.typed, _ = self.store.prepare_typed(replace(mapping, columns=mapping.columns + met.columns))
 
     def take_said(self) -> list[dict]:
         """The changes made (or, under none, asked) since last asked, each said once as `kdg consume` says it."""
@@ -141,8 +108,3 @@ class SchemaFollower:
             self.echo(f"{change['table']}: column {change['column']} {change['type']} {change['change']} "
                       f"({change['why']})")
         return said
-
-    def _said(self, table, change, said: str | None = None) -> None:
-        done = DONE.get(change.change) or f"widened from {change.was}"
-        self.schema_changes.append({"table": table.text, "column": change.column, "type": change.type,
-                                    "change": said or done, "why": WHY[change.change]})
