@@ -260,13 +260,13 @@ SparkTopicPattern = Annotated[Optional[str], typer.Option(
 SparkPipeline = Annotated[Optional[Path], typer.Option(
     "--pipeline", help="A pipeline file (TOML): [[route]] entries, each taking topics (names or a pattern) into a "
     "table or table template, with its mapping. See `kdg pipeline check`.")]
-
 SparkTransform = Annotated[Optional[str], typer.Option(
     help="module:function called with each record (decoded) on Spark's executors, as in kdg consume: returns a "
     "dict (the row), a list of dicts (one row each) or None (filtered out).")]
 SparkHandler = Annotated[Optional[str], typer.Option(
     help="module:function called in each Spark task's Postgres transaction with the rows it writes (and the open "
     "connection).")]
+
 
 @app.command("spark-replay")
 def spark_replay(
@@ -291,8 +291,8 @@ def spark_replay(
     dedup_retention: DedupRetention = None,
     beyond_dedup_window: Annotated[bool, typer.Option(help="Exactly-once: replay records older than the table's "
                                    "dedup window too; one of them already in the table is written again.")] = False,
-    shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
     transform: SparkTransform = None, handler: SparkHandler = None,
+    shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
@@ -372,8 +372,8 @@ def spark_stream(
     pg_wait: Annotated[float, typer.Option(help="Seconds a batch that met Postgres down waits for it before the "
                        "stream gives up (exit 5).")] = 120.0,
     dedup_retention: DedupRetention = None,
-    shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
     transform: SparkTransform = None, handler: SparkHandler = None,
+    shutdown_timeout: ShutdownTimeout = 30.0, wait_timeout: WaitTimeout = 60.0,
     bootstrap: Bootstrap = None, pg_dsn: PgDsn = None, props: Properties = None, profile: Profile = None,
     as_json: Json = False,
 ) -> None:
@@ -415,8 +415,8 @@ def spark_stream(
                             chunk_rows=chunk_rows,
                             spark_conf=parse_properties(spark_conf or [], "--conf", "a Spark property"),
                             dedup_retention=dedup_retention, pg_wait=pg_wait, shutdown=shutdown,
-                            wait_timeout=wait_timeout, on_batch=on_batch,
                             transform=transform, handler=handler,
+                            wait_timeout=wait_timeout, on_batch=on_batch,
                             echo=lambda text: err_console.print(text, soft_wrap=True, markup=False))
         report = _run_with_bar(None, run_spark_stream, req)
     if as_json:
