@@ -88,6 +88,12 @@ def test_under_evolve_none_a_new_registry_field_is_said_and_not_written(kdg, con
                                                         "WHERE table_name = $1 ORDER BY ordinal_position", table)]
     assert "referrer" not in names and {"id", "page_name"} <= set(names), names
     assert table_rows(conn, table, "id, page_name") == [(i, f"p{i}") for i in range(20)]
+    # kdg pipeline check reads the newest record's schema through the registry too: what add-columns would do
+    route = tmp_path / "route.toml"
+    route.write_text(f'[[route]]\ntopics = ["{topic}"]\ntable = "{table}"\ncolumns = "from-schema"\n'
+                     'value_format = "avro"\nid_from = "offset"\nevolve = "add-columns"\n')
+    checked = kdg("pipeline", "check", route, env=env)
+    assert "would add column referrer text" in checked.stdout + checked.stderr, checked.stdout + checked.stderr
 
 
 def test_an_avro_key_record_gives_the_primary_key_and_upserts_on_it(kdg, conn, group, schema_registry):

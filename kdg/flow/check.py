@@ -180,7 +180,8 @@ def _evolution(store, conn: Connection, target, found: TopicTarget, report: Pipe
 
     where = f"{target.route.name}: topic {found.topic}: table {target.table.text}"
     try:
-        preview = preview_records(store, target.mapping, latest_records(conn, found.topic, EVENTS_READ))
+        preview = preview_records(store, target.mapping, latest_records(conn, found.topic, EVENTS_READ),
+                                  conn.registry)
     except UsageError as exc:
         report.problems.append(f"{where}: {exc}")
         return "refused"

@@ -71,18 +71,24 @@ def preview_schema(store, found: Mapping, optional: set) -> EvolutionPreview:
                                                     "was": c.was} for c in changes], lines, stops)
 
 
-def preview_records(store, mapping: Mapping, records) -> EvolutionPreview | None:
+def preview_records(store, mapping: Mapping, records, registry: dict | None = None) -> EvolutionPreview | None:
     """The newest of ``records`` (:class:`kdg.records.Record`) that carries a schema, planned against
     ``mapping``'s table (a ``columns = "from-schema"`` route's mapping, its table named); None when none does.
-    A schema kdg cannot make columns of is the usage error :func:`mapping_from_record` raises."""
+    ``registry``: the Schema Registry settings, for records that name their schema by id. A schema kdg cannot
+    make columns of is the usage error :func:`mapping_from_record` raises."""
     from kdg.mapping.from_record import mapping_from_record, optional_columns
+    from kdg.schemas.formats import SCHEMA_FORMATS
+    from kdg.schemas.registry import Registry
+
+    client = Registry(registry or {}) if mapping.value_format in SCHEMA_FORMATS else None
 
     newest = sorted((r for r in records if r.value is not None),
                     key=lambda r: (r.timestamp or 0, r.offset or 0), reverse=True)
     for rec in newest:
-        found = mapping_from_record(rec.value, rec.key, mapping, mapping.table)
+        found = mapping_from_record(rec.value, rec.key, mapping, mapping.table, client)
         if found is not None:
-            return preview_schema(store, found, optional_columns(rec.value, mapping.envelope))
+            return preview_schema(store, found, optional_columns(rec.value, mapping.envelope, mapping.value_format,
+                                                                 client))
     return None
 
 
