@@ -44,7 +44,8 @@ OnTruncate = Annotated[Optional[str], typer.Option(
     "(every row deleted, in record order, inside the batch's transaction).")]
 ColumnsFrom = Annotated[Optional[str], typer.Option(
     "--columns", help="Typed sink: from-schema: the columns (and key) from each record's own schema (Kafka "
-    "Connect's JsonConverter, a Debezium envelope's after); --column then adds only what the row has not.")]
+    "Connect's JsonConverter, a Debezium envelope's after, or the Schema Registry's by the record's schema id); "
+    "--column then adds only what the row has not.")]
 Evolve = Annotated[Optional[str], typer.Option(
     "--evolve", help="Typed sink, --columns from-schema: none (the default: a schema change is said, not followed) "
     "or add-columns (a new field adds a nullable column, a widened type widens it, an optional field drops NOT NULL).")]
