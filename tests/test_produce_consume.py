@@ -264,7 +264,9 @@ def test_ledger_ranges_of_a_killed_producer_match_the_topic_offset_for_offset(kd
     assert len(ledger) >= 5_000
     assert {k: landed.get(k) for k in ledger} == ledger  # offset for offset
     assert len(landed) > len(ledger), "nothing was sent after the last ledger write: the kill came too late"
-    assert ranges and rows < len(ledger) / 20, f"{rows} rows for {len(ledger)} records: no ranges"
+    # runs of one delivery report each: at --rate 10000 about 20 records a row on a quiet machine, fewer when the
+    # suite's other workers slow the producer's polls (19.6 seen on 2 busy cores); one a record would be no ranges
+    assert ranges and rows < len(ledger) / 10, f"{rows} rows for {len(ledger)} records: no ranges"
 
 
 def test_an_audit_over_ledger_ranges_and_ids_from_the_input_balances(kdg, conn):
