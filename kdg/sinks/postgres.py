@@ -10,7 +10,7 @@ transaction (:mod:`kdg.store.unit`).
 
 import time
 from collections import Counter
-from operator import itemgetter
+from itertools import chain, groupby
 from dataclasses import dataclass, field, replace
 
 from kdg import faults
@@ -443,18 +443,24 @@ class PostgresSink(Sink):
         return list(found.values())
 
     def _row_parts(self, rows: SinkRows) -> list[tuple[Part, list]]:
+        """The generic rows split by table. A poll comes in runs of one partition (each fetch's messages in
+        order): the rows are cut at each change of topic, each run taken whole by a C-level slice, so a
+        table's share costs per run, not per row."""
         topics = rows.columns[1]
-        writers = {t: self._by_topic.get((t, None)) or self._writer(t, []) for t in set(topics)}
+        runs: list[tuple[str, int, int]] = []  # (topic, start, end), in the batch's order
+        start = 0
+        for topic, run in groupby(topics):
+            end = start + len(list(run))
+            runs.append((topic, start, end))
+            start = end
+        writers = {t: self._by_topic.get((t, None)) or self._writer(t, []) for t, _, _ in runs}
         if len({w.table.text for w in writers.values()}) <= 1:
             return [(Part(w.table, rows), []) for w in list(writers.values())[:1]]
-        at: dict[str, list[int]] = {t: [] for t in writers}  # each topic's rows (a table's name is not made per row)
-        for i, topic in enumerate(topics):
-            at[topic].append(i)
-        picks: dict[str, tuple[TableWriter, list[int]]] = {}
-        for topic, idx in at.items():
+        picks: dict[str, tuple[TableWriter, list[tuple[int, int]]]] = {}
+        for topic, start, end in runs:
             w = writers[topic]
-            picks.setdefault(w.table.text, (w, []))[1].extend(idx)
-        return [(Part(w.table, SinkRows(_take(rows.columns, sorted(idx)))), []) for w, idx in picks.values()]
+            picks.setdefault(w.table.text, (w, []))[1].append((start, end))
+        return [(Part(w.table, SinkRows(_take(rows.columns, spans))), []) for w, spans in picks.values()]
 
     def lost_connection(self) -> bool:
         """Whether a failed write means Postgres went away (wait for it) rather than refused something."""
@@ -479,12 +485,13 @@ class PostgresSink(Sink):
             self.store.close()
 
 
-def _take(columns: list[list], idx: list[int]) -> list[list]:
-    """The rows ``idx`` of each column (picked in C: a table's share of a batch of several topics)."""
-    if len(idx) == 1:
-        return [[col[idx[0]]] for col in columns]
-    pick = itemgetter(*idx)
-    return [list(pick(col)) for col in columns]
+def _take(columns: list[list], spans: list[tuple[int, int]]) -> list[list]:
+    """The rows in ``spans`` (``(start, end)``, in order) of each column: a table's share of a batch of several
+    topics, sliced in C."""
+    if len(spans) == 1:
+        start, end = spans[0]
+        return [col[start:end] for col in columns]
+    return [list(chain.from_iterable(col[start:end] for start, end in spans)) for col in columns]
 
 
 def _result(done: list, dead: list, unrouted: int) -> WriteResult:
