@@ -39,27 +39,59 @@ def _whole(value, name: str) -> int:
 
 
 def _day(days: int) -> str:
-    try:
-        return date.fromordinal(_EPOCH_ORDINAL + days).isoformat()
-    except (ValueError, OverflowError):
-        raise ValueError(f"{days} days since 1970 is outside the years 1 to 9999") from None
+    """The ISO date ``days`` after 1970-01-01, each day's text made once (a batch's timestamps share a few days)."""
+    text = _DAY_TEXT.get(days)
+    if text is None:
+        try:
+            text = date.fromordinal(_EPOCH_ORDINAL + days).isoformat()
+        except (ValueError, OverflowError):
+            raise ValueError(f"{days} days since 1970 is outside the years 1 to 9999") from None
+        if len(_DAY_TEXT) >= 4096:
+            _DAY_TEXT.clear()
+        _DAY_TEXT[days] = text
+    return text
+
+
+_DAY_TEXT: dict[int, str] = {}
+_SECOND_TEXT: dict[int, str] = {}
+_TWO = [f"{i:02d}" for i in range(100)]  # (a format spec costs more than the rest of a timestamp's text)
+_FRACTION = {unit: (per, len(str(per)) - 1) for unit, per in _UNITS.items()}  # a fraction's digits: 3, 6, 9
+
+
+_MILLIS = [""] + [f".{i:03d}" for i in range(1, 1000)]  # each millisecond's fraction, made once
 
 
 def _fraction(part: int, unit: str) -> str:
     """``part`` of a second in ``unit`` as ``.digits`` (exact: integers only, never a float)."""
-    return "." + str(part).rjust(len(str(_UNITS[unit])) - 1, "0") if part else ""
+    if unit == "ms":
+        return _MILLIS[part]
+    return "." + str(part).rjust(_FRACTION[unit][1], "0") if part else ""
+
+
+def _clock(seconds: int) -> str:
+    """``HH:MM:SS`` of ``seconds`` into a day (hours past 99 for a time beyond it, as Connect may send)."""
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return (_TWO[hours] if hours < 100 else str(hours)) + ":" + _TWO[minutes] + ":" + _TWO[seconds]
 
 
 def _time_of_day(value: int, unit: str) -> str:
-    seconds, part = divmod(value, _UNITS[unit])
-    hours, rest = divmod(seconds, 3600)
-    return f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}{_fraction(part, unit)}"
+    seconds, part = divmod(value, _FRACTION[unit][0])
+    return _clock(seconds) + _fraction(part, unit) if part else _clock(seconds)
 
 
 def _stamp(value: int, unit: str) -> str:
-    seconds, part = divmod(value, _UNITS[unit])  # floor: a fraction before 1970 counts up from the second below
-    days, rest = divmod(seconds, 86_400)
-    return f"{_day(days)} {_time_of_day(rest * _UNITS[unit] + part, unit)}"
+    """``value`` ``unit``s since 1970 as ``YYYY-MM-DD HH:MM:SS[.fraction]``; each second's text made once (a
+    batch's timestamps share a few seconds)."""
+    seconds, part = divmod(value, _FRACTION[unit][0])  # floor: a fraction before 1970 counts up from the second below
+    text = _SECOND_TEXT.get(seconds)
+    if text is None:
+        days, rest = divmod(seconds, 86_400)
+        text = _day(days) + " " + _clock(rest)
+        if len(_SECOND_TEXT) >= 4096:
+            _SECOND_TEXT.clear()
+        _SECOND_TEXT[seconds] = text
+    return text + (_MILLIS[part] if unit == "ms" else _fraction(part, unit)) if part else text
 
 
 def _unscaled(value, name: str) -> int:
@@ -128,8 +160,10 @@ def _pg_array(items: list[str]) -> str:
 
 # each logical type: (the families it may go to besides text, decode(value, schema, name) → its canonical text)
 _DAYS = ({"date", _TS, _TZ}, lambda v, s, n: _day(_whole(v, n)))
-_TIMES = {unit: ({_TIME, _TIMETZ}, lambda v, s, n, u=unit: _time_of_day(_whole(v, n), u)) for unit in _UNITS}
-_STAMPS = {unit: ({_TS, _TZ, "date"}, lambda v, s, n, u=unit: _stamp(_whole(v, n), u)) for unit in _UNITS}
+_TIMES = {unit: ({_TIME, _TIMETZ}, lambda v, s, n, u=unit: _time_of_day(v if type(v) is int else _whole(v, n), u))
+          for unit in _UNITS}
+_STAMPS = {unit: ({_TS, _TZ, "date"}, lambda v, s, n, u=unit: _stamp(v if type(v) is int else _whole(v, n), u))
+           for unit in _UNITS}
 _STRING = (frozenset(), lambda v, s, n: _string(v, n))  # text, or a type of the user's (an enum, a domain)
 LOGICAL = {
     _CONNECT + "Date": _DAYS, _DEBEZIUM + "time.Date": _DAYS,
@@ -159,23 +193,24 @@ def _base64_bytes(value, schema, name) -> str:
         raise ValueError(f"a Connect bytes field: {value!r} is not base64") from None
 
 
-def _to_column(name: str, family: str, text: str) -> str:
-    """The canonical text of a logical type adapted to its column's family where Postgres would read it
-    otherwise: a time or timestamp without zone into a column with one is UTC's; one with an offset into a
-    column without is UTC's wall clock; an EnumSet into an array is an array literal."""
+def _to_column(name: str, family: str):
+    """How the canonical text of a logical type is adapted to its column's family where Postgres would read it
+    otherwise (None: it is not): a time or timestamp without zone into a column with one is UTC's; one with an
+    offset into a column without is UTC's wall clock; an EnumSet into an array is an array literal. Decided
+    once per field and column, not per value."""
     if family == _TZ and name in _LOCAL_STAMPS:
-        return text + "+00"
+        return lambda text: text + "+00"
     if family == _TZ and name in _DAY_NAMES:
-        return text + " 00:00:00+00"
+        return lambda text: text + " 00:00:00+00"
     if family == _TIMETZ and name in _LOCAL_TIMES:
-        return text + "+00"
+        return lambda text: text + "+00"
     if family in (_TS, _TIME, "date") and name in _ZONED:
-        return _utc_wall(text, name)
+        return lambda text: _utc_wall(text, name)
     if family == "array" and name.endswith("EnumSet"):
-        return _pg_array(text.split(",")) if text else "{}"
+        return lambda text: _pg_array(text.split(",")) if text else "{}"
     if family == "interval" and name.endswith("MicroDuration"):
-        return f"{text} microseconds"
-    return text
+        return lambda text: f"{text} microseconds"
+    return None
 
 
 _DAY_NAMES = {n for n, kind in LOGICAL.items() if kind is _DAYS}
@@ -218,14 +253,15 @@ def _shown(column_type) -> str:
 
 
 def _converting(name: str, decode, schema: dict, family: str = "text"):
-    adapt = family not in _TEXT
+    adapt = _to_column(name, family)
+    if adapt is None:
+        def convert(value):
+            return None if value is None else decode(value, schema, name)
+        return convert
 
-    def convert(value):
-        if value is None:
-            return None
-        text = decode(value, schema, name)
-        return _to_column(name, family, text) if adapt else text
-    return convert
+    def adapted(value):
+        return None if value is None else adapt(decode(value, schema, name))
+    return adapted
 
 
 def _refusing(reason: str):

@@ -65,6 +65,32 @@ class RecordReader:
         self._raw = tuple(_raw_reader(s, t) for s, t in zip(self.sources, self.types))
         self._readers = tuple(_reader(s, raw, _text(s, t)) for raw, s, t in zip(self._raw, self.sources, self.types))
 
+    @property
+    def plain(self) -> bool:
+        """Whether values are plain JSON (or JsonConverter's wrapper) read as they are, and no key: the sources
+        :class:`~kdg.mapping.batch_read.BatchReader` may read a batch at a time."""
+        return self._plain
+
+    @property
+    def readers(self) -> tuple:
+        """Per source, ``read(rec, key, row, key_doc, event)`` → its column's text, no schema's types decoded."""
+        return self._readers
+
+    @property
+    def value_json(self) -> ConnectJson:
+        return self._value_json
+
+    def value_texts(self, schema, columns: list[int]) -> list:
+        """For each source of ``columns`` (``json:`` sources), value → its column's text: a Connect logical type
+        decoded where ``schema`` (a JsonConverter value's schema; None: none) names one, as :meth:`_plan` has it."""
+        root = _wrapper(schema)
+        found = []
+        for i in columns:
+            source, column_type = self.sources[i], self.types[i]
+            convert = converter(field_schema(root, source.path), column_type) if root is not None else None
+            found.append(convert if convert is not None else _text(source, column_type))
+        return found
+
     def document(self, rec) -> Document:
         """What ``rec``'s sources read; ValueError (the record's dead letter) if its value or key cannot be read,
         or is not a change event under the envelope."""

@@ -149,6 +149,11 @@ class ConnectJson:
         self._known[text] = doc["schema"]
         return doc, text
 
+    def known(self, text: bytes) -> dict:
+        """The schema whose text :meth:`read` named ``text`` (parsed again if it was let go since)."""
+        schema = self._known.get(text)
+        return schema if schema is not None else parse_json(text)
+
     @staticmethod
     def _named(doc: dict) -> bytes:
         """A wrapper in another layout (``payload`` first): its schema's own JSON names it."""

@@ -13,6 +13,7 @@ events are no rows: counted in :attr:`StagedRows.skipped`.
 
 from collections import Counter
 
+from kdg.mapping.batch_read import BatchReader
 from kdg.mapping.events import TRUNCATE, RecordReader
 from kdg.mapping.fields import UNMAPPED_EVERY, FieldWatch
 from kdg.mapping.sources import parse_json
@@ -63,6 +64,8 @@ class RowMaker:
         self._fields = [(i, mapping.columns[i].source.path[0]) for i in keepable(mapping)]
         self.unavailable = 0          # placeholders read, each staged as "keep the column's value"
         self.skipped: Counter = Counter()  # heartbeats and schema-change events read, by kind
+        # a batch at a time where the mapping allows (kdg.mapping.batch_read), else record by record
+        self._batch = BatchReader(self._reader, _storable, self._jsonb) if BatchReader.able(self._reader) else None
         self.watch = FieldWatch(mapping) if watch else None
         if self.watch is not None and not self.watch.active:
             self.watch = None
@@ -219,6 +222,14 @@ class StagedRows:
             self._maker._watching = watch
         else:
             watch = None
+            batch = self._maker._batch
+            rows = batch.rows(self.records) if batch is not None else None
+            if rows is not None:  # read a column at a time: no dead letters, no tombstones, nothing skipped
+                self.count = len(rows)
+                if kept is not None:
+                    kept.extend(rows)
+                yield from rows
+                return
         for seq, (rec, key) in enumerate(self.records):
             row = row_of(seq, rec, key, self)
             if row is None:
@@ -236,6 +247,11 @@ class StagedRows:
 
     def claims(self):
         dead = self._dead_seqs
+        if not dead:
+            recs = [pair[0] for pair in self.records]
+            yield from zip([pair[1] for pair in self.records], [r.topic for r in recs], [r.partition for r in recs],
+                           [r.offset for r in recs])
+            return
         for seq, (rec, key) in enumerate(self.records):
             if seq not in dead:
                 yield key, rec.topic, rec.partition, rec.offset

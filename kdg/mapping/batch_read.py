@@ -1,0 +1,163 @@
+"""A batch of JSON values read column by column: one decode of the whole batch into only the mapped fields.
+
+The row maker reads a record at a time (:class:`~kdg.mapping.events.RecordReader`): parse the value, walk to
+each field, turn it into its column's text. For the common batch — plain JSON values, or Kafka Connect
+JsonConverter's ``{"schema", "payload"}`` with one schema, every ``json:`` source a top-level field of the
+row (``json:id``, or ``json:/payload/id`` in the wrapper), no tombstone — :class:`BatchReader` does the same
+work a column at a time:
+
+1. the values are joined into one JSON array (for wrapped values: each payload, cut after the schema's text,
+   which every record repeats and none is parsed for) and msgspec decodes it at once into a struct that holds
+   only the mapped fields; the other fields are skipped unparsed;
+2. each column is taken from the structs in C, and turned into its text by the same function the record
+   reader uses for that source and that schema (a Connect logical type decoded, or the value as it is);
+3. the staged rows are zipped in C.
+
+Anything else gives None, and the batch is read record by record as before, which says what is wrong with
+each record: a value that is not an object, a lone UTF-16 surrogate, a text Postgres cannot hold, a value its
+column refuses, a tombstone, a transform's row, another layout or a second schema in the batch. The two reads
+give the same rows (``tests/test_batch_read.py`` holds them against each other).
+"""
+
+from itertools import repeat
+from operator import attrgetter, itemgetter, methodcaller
+
+import msgspec
+
+from kdg.mapping.record_schemas import _split
+from kdg.mapping.sources import json_number
+
+_VALUE, _ENDS = attrgetter("value"), methodcaller("endswith", b"}")
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_TOPIC, _PARTITION, _OFFSET, _ROW = attrgetter("topic"), attrgetter("partition"), attrgetter("offset"), attrgetter("row")
+LIMIT = 64  # schemas (and their decoders) kept, as ConnectJson keeps them
+
+
+class BatchReader:
+    """Reads batches for one :class:`~kdg.mapping.events.RecordReader` (``reader``), whose sources are
+    ``json:`` fields of a plain JSON value and record facts (``kafka:…``, ``header:…``, ``key``); see
+    :meth:`able`. ``storable(text, jsonb)``: whether Postgres can hold a text (the row maker's own test)."""
+
+    def __init__(self, reader, storable, jsonb: list[bool]):
+        self._reader, self._storable, self._jsonb = reader, storable, jsonb
+        sources = reader.sources
+        self._value_cols = [i for i, s in enumerate(sources) if s.kind == "value"]
+        self._other_cols = [i for i, s in enumerate(sources) if s.kind != "value"]
+        self._fields = [sources[i].path[-1] for i in self._value_cols]
+        self._plain = all(len(sources[i].path) == 1 for i in self._value_cols)
+        self._wrapped = all(len(sources[i].path) == 2 and sources[i].path[0] == "payload"
+                            for i in self._value_cols)
+        names = list(dict.fromkeys(self._fields))  # a field two columns read is decoded once
+        self._struct = msgspec.defstruct("MappedFields", [(f"f{i}", object, None) for i in range(len(names))],
+                                         rename={f"f{i}": name for i, name in enumerate(names)}, gc=False)
+        self._decode = msgspec.json.Decoder(list[self._struct], float_hook=json_number).decode
+        self._take = [attrgetter(f"f{names.index(f)}") for f in self._fields]
+        self._texts: dict = {}  # schema text (b"" for plain values) → per value column, value → its text
+        self._prefixes: dict[bytes, bytes] = {}  # a wrapped value's bytes before its payload → its schema text
+
+    @staticmethod
+    def able(reader) -> bool:
+        """Whether ``reader``'s batches may be read column by column: plain JSON values (no envelope, no
+        registry format, no ``key:`` field), at least one ``json:`` source, each a top-level field of the row."""
+        sources = reader.sources
+        values = [s for s in sources if s.kind == "value"]
+        return bool(reader.plain and values and all(s.kind not in ("key", "source", "envelope") for s in sources)
+                    and (all(len(s.path) == 1 for s in values)
+                         or all(len(s.path) == 2 and s.path[0] == "payload" for s in values)))
+
+    def rows(self, records) -> list[tuple] | None:
+        """The staged rows ``(seq, key, topic, partition, offset, False, *texts)`` of ``records`` (``(record,
+        key)`` pairs), or None: read them record by record."""
+        if not records:
+            return None
+        recs = list(map(_FIRST, records))
+        if any(map(_ROW, recs)):  # a transform's rows: already decoded
+            return None
+        values = list(map(_VALUE, recs))
+        if None in values:  # a tombstone
+            return None
+        found = self._layout(values)
+        if found is None:
+            return None
+        body, schema = found
+        try:
+            structs = self._decode(body)
+        except (msgspec.DecodeError, RecursionError):
+            return None
+        if len(structs) != len(values):  # (cannot be, short of a payload that closed the array itself)
+            return None
+        texts = self._texts.get(schema)
+        if texts is None:
+            texts = self._column_texts(schema)
+        columns: list = [None] * len(self._reader.sources)
+        keys = list(map(_SECOND, records))
+        try:
+            for i, take, text in zip(self._value_cols, self._take, texts):
+                columns[i] = list(map(text, map(take, structs)))
+            for i in self._other_cols:
+                read = self._reader.readers[i]
+                columns[i] = [read(rec, key, None, None, None) for rec, key in records]
+        except ValueError:  # a value its column refuses: said record by record, with the column's name
+            return None
+        for i, column in enumerate(columns):
+            if not self._holdable(column, self._jsonb[i]):
+                return None
+        n = len(records)
+        return list(zip(range(n), keys, map(_TOPIC, recs), map(_PARTITION, recs), map(_OFFSET, recs),
+                        repeat(False, n), *columns))
+
+    def _layout(self, values: list[bytes]) -> tuple[bytes, bytes] | None:
+        """``(the batch as one JSON array of rows, its schema's text)``: each plain value (schema text b""),
+        or each wrapped value's payload when every value carries the same schema in JsonConverter's layout."""
+        first = values[0]
+        wrapped = first.find(b'"schema"', 0, 32) >= 0
+        if not wrapped:
+            if not self._plain or any(v.find(b'"schema"', 0, 32) >= 0 for v in values):
+                return None
+            return b"[" + b",".join(values) + b"]", b""
+        if not self._wrapped:
+            return None
+        split = _split(first)
+        if split is None:
+            return None
+        prefix = first[:split[2]]
+        schema = self._prefixes.get(prefix)
+        if schema is None:
+            schema = self._schema_of(first, split)
+            if schema is None:
+                return None
+            if len(self._prefixes) >= LIMIT:
+                self._prefixes.clear()
+            self._prefixes[prefix] = schema
+        if not all(map(methodcaller("startswith", prefix), values)) or not all(map(_ENDS, values)):
+            return None
+        cut = len(prefix)
+        return b"[" + b",".join([v[cut:-1] for v in values]) + b"]", schema
+
+    def _schema_of(self, value: bytes, split) -> bytes | None:
+        """The schema text of a wrapped ``value`` once its layout is confirmed (the reader's own JsonConverter
+        reading agrees that the text cut out is its schema), else None."""
+        try:
+            doc, sid = self._reader.value_json.read(value)
+        except ValueError:
+            return None
+        text = value[split[0]:split[1]].rstrip()
+        return text if sid == text else None
+
+    def _column_texts(self, schema: bytes) -> list:
+        """Per value column, value → its text for ``schema`` (b"": none), as the record reader's plan has it."""
+        if len(self._texts) >= LIMIT:
+            self._texts.clear()
+        parsed = self._reader.value_json.known(schema) if schema else None
+        found = self._texts[schema] = self._reader.value_texts(parsed, self._value_cols)
+        return found
+
+    def _holdable(self, column: list, jsonb: bool) -> bool:
+        """Whether Postgres can hold every text of ``column`` (a cheap look at the column's texts joined, then
+        each suspect text as the row maker tests it)."""
+        joined = "".join(filter(None, column))
+        if not ("\x00" in joined or not joined.isascii() or "\\u" in joined):
+            return True
+        storable = self._storable
+        return all(storable(v, jsonb) for v in column
+                   if v is not None and ("\x00" in v or not v.isascii() or "\\u" in v))
