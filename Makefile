@@ -67,6 +67,14 @@ bench-stream: setup
 bench-evolve: setup
 	$(BIN)/python benchmarks/evolve_bench.py --records 300000 --repeat 3
 
+## bench-upsert: the typed exactly-once upsert of 1M Kafka Connect JsonConverter records (500k ids, two versions
+## each, 6 partitions) against kdg at-least-once, a bare confluent-kafka loop and one COPY + one upsert statement of
+## the final rows: rows/s, steady rows/s, consumer and Postgres CPU-s per million; checks the table after each run;
+## writes benchmarks/results/connect_upsert_bench.json (also the upsert part of make bench)
+.PHONY: bench-upsert
+bench-upsert: setup
+	$(BIN)/python benchmarks/connect_upsert_bench.py --records 1000000 --repeat 3
+
 ## docs: the documentation site into site/, strictly (a broken link, page or reference fails it); tests/test_docs.py runs it
 docs: $(VENV)/.installed
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict

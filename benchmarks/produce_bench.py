@@ -1,15 +1,16 @@
 """`make bench`: kdg's throughput against references measured in the same run, and its end-to-end latency.
 
-    .venv/bin/python benchmarks/produce_bench.py [--records N] [--consume-records N] [--repeat K]
-        [--only PARTS] [--baseline DIR] [--latency-rate R] [--latency-seconds S] [--latency-size B]
+    .venv/bin/python benchmarks/produce_bench.py [--records N] [--consume-records N] [--upsert-records N]
+        [--repeat K] [--only PARTS] [--baseline DIR] [--latency-rate R] [--latency-seconds S] [--latency-size B]
         [--latency-batch-ms N]
         [--json PATH] [--chart PATH]
 
 Flags (defaults are what `make bench` runs; `make bench BENCH_ARGS="..."` passes more):
   --records N          records of 100 B in the produce part, N/2 of 1 KB in eos and commit (500000)
   --consume-records N  records the consume part reads (1000000)
-  --repeat K           repetitions of the produce, eos, commit and consume parts; medians are shown (3)
-  --only PARTS         comma-separated parts: produce, eos, commit, consume, latency (all)
+  --upsert-records N   records the upsert part reads: half as many ids, two versions each (1000000)
+  --repeat K           repetitions of the produce, eos, commit, consume and upsert parts; medians are shown (3)
+  --only PARTS         comma-separated parts: produce, eos, commit, consume, upsert, latency (all)
   --baseline DIR       a directory holding another kdg package (`git archive <rev> | tar -x -C DIR`): its kdg
                        runs are measured interleaved with this tree's, in every part but commit
   --latency-rate R     records per second of the latency part's steady producer, or auto (the default): half of
@@ -37,6 +38,11 @@ once, in an order rotated between repetitions, so drift on a shared machine hits
            at-least-once → Postgres (rows/s)  vs the same COPY
            exactly-once, --pipeline 0         vs kdg's default, if `kdg consume --help` lists --pipeline
            (benchmarks/consume_bench.py)
+  upsert   Connect upsert exactly-once        vs one COPY + one upsert statement of the same final rows
+           the same                           vs kdg's at-least-once (issue 48's goal: at least 0.9x)
+           the same, CPU per record           vs the bare confluent-kafka loop (CPU-s/M ratio)
+           (benchmarks/connect_upsert_bench.py: JsonConverter records into a typed table, upsert on id;
+           `make bench-upsert` runs it alone, with steady rates)
   latency  a steady `kdg produce --rate` under each guarantee, `kdg consume` into Postgres and into
            kafka:OUT: p50/p95/p99/max ms from the record's CreateTime until a watcher sees it at the sink,
            the rate achieved, records seen against sent, the consumer's CPU seconds
@@ -65,6 +71,7 @@ from pathlib import Path
 sys.path.insert(0, os.path.dirname(__file__))
 from bench_report import draw_chart, print_latency, print_table  # noqa: E402
 from common import drop_topic, fresh_topic, machine, run_measured, sql, stack  # noqa: E402
+from connect_upsert_bench import upsert_rows  # noqa: E402
 from consume_bench import consume_rows  # noqa: E402
 from latency_bench import kdg_defaults, latency_part  # noqa: E402
 from measures import BASELINE, Measures, row  # noqa: E402
@@ -74,7 +81,7 @@ from kdg.kafka.admin import ensure_topic  # noqa: E402
 from kdg.kafka.producer import producer_config  # noqa: E402
 from kdg.stack.jars import java_classpath, require_java  # noqa: E402
 
-PARTS = ("produce", "eos", "commit", "consume", "latency")
+PARTS = ("produce", "eos", "commit", "consume", "upsert", "latency")
 TXN_MS = 100
 # librdkafka-only keys (and kdg's logging hooks) have no Java equivalent; the rest are the same names in both
 _NOT_JAVA = {"queue.buffering.max.messages", "queue.buffering.max.kbytes", "logger", "log_level", "log.queue",
@@ -193,6 +200,7 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=500_000, help="records of 100 B; half as many of 1 KB")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--consume-records", type=int, default=1_000_000)
+    ap.add_argument("--upsert-records", type=int, default=1_000_000)
     ap.add_argument("--only", default=",".join(PARTS), help=f"comma-separated parts to run: {', '.join(PARTS)}")
     ap.add_argument("--baseline", help="a directory holding another kdg package to measure alongside")
     ap.add_argument("--latency-rate", default="auto",
@@ -261,6 +269,8 @@ def main() -> None:
                                               for k, v in splits[-1].items() if isinstance(v, dict)), flush=True)
     if "consume" in parts:
         rows += consume_rows(layout, measures, args.consume_records, args.repeat, HERE, args.baseline)
+    if "upsert" in parts:
+        rows += upsert_rows(layout, measures, args.upsert_records, args.repeat, HERE, args.baseline)
     latency = []
     if "latency" in parts:
         shown = "half of each pipeline's sustainable rate" if args.latency_rate is None else \
