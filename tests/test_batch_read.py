@@ -95,3 +95,13 @@ def test_two_schemas_in_a_batch_or_a_bad_timestamp_fall_back_with_the_reason():
     bad["payload"]["at"] = "yesterday"
     rows, dead, took = _both(WRAPPED, _records([_wrapped(i) for i in range(4)] + [bad]))
     assert not took and len(rows) == 4 and dead[0][0] == 104 and "at" in dead[0][1]
+
+
+def test_the_field_watch_sees_a_batch_read_at_once():
+    maker = RowMaker(build_mapping(columns=["id bigint = json:id", "who text = json:customerid"], table="t"),
+                     watch=True)
+    records = _records([{"id": i, "customerId": "c"} for i in range(100)])
+    assert maker._batch.rows(records) is not None  # (the batch is read at once)
+    rows, dead = maker.rows(records)
+    assert len(rows) == 100 and not dead
+    assert [(n.kind, n.field) for n in maker.watch.news()] == [("absent", "customerid"), ("unmapped", "customerId")]

@@ -138,6 +138,15 @@ class RowMaker:
         return (seq, key, rec.topic, rec.partition, rec.offset, tomb, *values)
 
 
+    def look(self, watch: FieldWatch, records) -> None:
+        """Let ``watch`` see a batch read a column at a time: the rows it asks for, each read again whole (the
+        first ones while a mapped field is missing, then one in :data:`UNMAPPED_EVERY`)."""
+        watch.begin()
+        for seq, (rec, _) in enumerate(records):
+            if watch.missing or not seq % UNMAPPED_EVERY:
+                watch.see(seq, self._reader.document(rec).row)
+        watch.end(len(records))
+
     def _control(self, seq: int, rec, key, control: str, staged: "StagedRows") -> tuple | None:
         """A truncate's staged row (a tombstone without values, listed in ``staged.truncates``) or its dead
         letter; a heartbeat or schema-change event counted, and no row."""
@@ -217,19 +226,21 @@ class StagedRows:
         self._made = True
         row_of, dead_seqs, kept = self._maker._row, self._dead_seqs, self._kept
         watch = self._maker.watch
-        if watch is not None and watch.due():
+        if watch is not None and not watch.due():
+            watch = None
+        batch = self._maker._batch
+        rows = batch.rows(self.records) if batch is not None else None
+        if rows is not None:  # read a column at a time: no dead letters, no tombstones, nothing skipped
+            if watch is not None:
+                self._maker.look(watch, self.records)
+            self.count = len(rows)
+            if kept is not None:
+                kept.extend(rows)
+            yield from rows
+            return
+        if watch is not None:
             watch.begin()
             self._maker._watching = watch
-        else:
-            watch = None
-            batch = self._maker._batch
-            rows = batch.rows(self.records) if batch is not None else None
-            if rows is not None:  # read a column at a time: no dead letters, no tombstones, nothing skipped
-                self.count = len(rows)
-                if kept is not None:
-                    kept.extend(rows)
-                yield from rows
-                return
         for seq, (rec, key) in enumerate(self.records):
             row = row_of(seq, rec, key, self)
             if row is None:
