@@ -276,3 +276,36 @@ def test_an_unpaced_synthetic_load_takes_whole_chunks_without_sleeping(monkeypat
     assert [(len(r.value), r.key, r.headers, r.partition) for r in records] == [(4, None, [], 2)] * 3
     paced = sources.synthetic(None, 4, 1e9, sources.LineOptions())  # endless; iterated, paced one by one
     assert len(list(itertools.islice(paced, 5))) == 5 and paced.taken == 5
+
+
+HEADERLESS = {  # name: (messages, --id-from, exactly-once, whether the list-at-a-time sort takes them)
+    "no headers, keys by offset": ([_msg(i % 3, 10 + i // 3) for i in range(9)], "offset", True, True),
+    "no headers, no keys needed": ([_msg(1, 5), _msg(1, 6, value=None), _msg(0, 2)], None, False, True),
+    "two topics, offsets out of order": ([confluent_kafka.Message(topic=t, partition=0, offset=o, value=b"v",
+                                                                  timestamp=(1, o)) for t, o in
+                                          (("t", 4), ("t", 3), ("u", 9), ("t", 7))], "offset", True, True),
+    "one header": ([_msg(0, 1), _msg(0, 2, headers=[("a", b"1")])], "offset", True, False),
+    "no keys under exactly-once": ([_msg(0, 1)], None, True, False),
+    "keys from a field": ([_msg(0, 1, value=b'{"id": 1}')], "json:id", True, False),
+    "an oversize value": ([_msg(0, 1), _msg(0, 2, value=b"x" * 11)], "offset", True, False),
+    "a value split so that the next completes it": ([_msg(0, 1, value=b"\xc3"), _msg(0, 2, value=b"\xa9")],
+                                                     "offset", True, False),
+}
+
+
+@pytest.mark.parametrize("name", HEADERLESS)
+def test_the_list_at_a_time_sort_makes_what_the_record_at_a_time_sort_makes(name):
+    from kdg.flow.source import sort_each, sort_headerless
+
+    msgs, id_from, exactly, taken = HEADERLESS[name]
+    req = ConsumeRequest(["t", "u"], "g", "exactly-once" if exactly else "at-least-once", Connection("b", "d"),
+                         max_bytes=10, id_from=id_from)
+    keys = Keys(req, req.router())
+    fast = sort_headerless(list(msgs), keys, req, must_have_key=exactly)
+    assert (fast is not None) == taken
+    if fast is None:
+        return
+    slow = sort_each(list(msgs), keys, req, must_have_key=exactly)
+    assert [(r, k) for r, k in fast.records] == [(r, k) for r, k in slow.records] and not slow.dead
+    assert (fast.first_offsets, fast.next_offsets, fast.first_timestamps) == \
+        (slow.first_offsets, slow.next_offsets, slow.first_timestamps)

@@ -7,6 +7,8 @@ record through its route's transform (or a fan-out's). The router (:mod:`kdg.flo
 table; the transaction unit (:mod:`kdg.store.unit`) writes it.
 """
 
+from itertools import groupby
+
 from kdg.errors import UsageError
 from kdg.flow.routes import Router
 from kdg.keys import KeyResolver
@@ -116,6 +118,12 @@ def sort_batch(msgs, keys: Keys, req, must_have_key: bool) -> Batch:
     one topic string (a message's own lives as long as anything holds it), and each message is let go
     once read: a batch's messages and its records never all live at once.
     """
+    batch = sort_headerless(msgs, keys, req, must_have_key)
+    return batch if batch is not None else sort_each(msgs, keys, req, must_have_key)
+
+
+def sort_each(msgs, keys: Keys, req, must_have_key: bool) -> Batch:
+    """:func:`sort_batch` a record at a time: any poll."""
     batch = Batch()
     records, dead, first, after = batch.records, batch.dead, batch.first_offsets, batch.next_offsets
     max_bytes, utf8 = req.max_bytes, req.require_utf8
@@ -161,4 +169,44 @@ def sort_batch(msgs, keys: Keys, req, must_have_key: bool) -> Batch:
                                  "record (nothing of this batch was written)")
             key = f"{topic}/{partition}/{offset}"
         records.append((rec, key))
+    return batch
+
+
+def sort_headerless(msgs, keys: Keys, req, must_have_key: bool) -> Batch | None:
+    """:func:`sort_batch` a list at a time for the common poll whose records all go in as they are: no message
+    has headers (no ``kdg-id``, no probe), every key is topic/partition/offset (``--id-from offset``, or none
+    needed), every value fits and is UTF-8 where that is asked. None for any other poll: the record-by-record
+    sort then says what is wrong with which record."""
+    if not msgs or any([m.headers() for m in msgs]):
+        return None
+    topics = [m.topic() for m in msgs]
+    for topic in set(topics):
+        kind = keys.of(topic).kind
+        if not (kind == "offset" or (kind is None and not must_have_key)):
+            return None
+    values = [m.value() for m in msgs]
+    present = [v for v in values if v is not None]
+    if present and max(map(len, present)) > req.max_bytes:
+        return None
+    if req.require_utf8:
+        try:
+            b"\n".join(present).decode("utf-8")  # (a newline ends any sequence a value left open: no false pass)
+        except UnicodeDecodeError:
+            return None
+    partitions, offsets = [m.partition() for m in msgs], [m.offset() for m in msgs]
+    stamps = [m.timestamp()[1] for m in msgs]
+    batch = Batch()
+    batch.records = list(zip(map(Record, values, [m.key() for m in msgs], [[] for _ in msgs], partitions, topics,
+                                 offsets, stamps),
+                             map("{}/{}/{}".format, topics, partitions, offsets)))
+    first, after, stamped = batch.first_offsets, batch.next_offsets, batch.first_timestamps
+    i = 0
+    for tp, run in groupby(zip(topics, partitions)):
+        n = len(list(run))
+        if tp not in first:
+            first[tp], stamped[tp] = offsets[i], stamps[i]
+        last = max(offsets[i:i + n]) + 1
+        if last > after.get(tp, 0):
+            after[tp] = last
+        i += n
     return batch
