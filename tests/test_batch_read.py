@@ -105,3 +105,12 @@ def test_the_field_watch_sees_a_batch_read_at_once():
     rows, dead = maker.rows(records)
     assert len(rows) == 100 and not dead
     assert [(n.kind, n.field) for n in maker.watch.news()] == [("absent", "customerid"), ("unmapped", "customerId")]
+
+
+def test_the_field_watch_reads_a_wrapped_value_s_fields_in_its_payload():
+    maker = RowMaker(build_mapping(columns=["id bigint = json:/payload/id", "who text = json:/payload/customerid"],
+                                   table="t"), watch=True)
+    schema = {"type": "struct", "fields": [{"type": "int64", "field": "id"}, {"type": "string", "field": "customerId"}]}
+    rows, dead = maker.rows(_records([{"schema": schema, "payload": {"id": i, "customerId": "c"}} for i in range(9)]))
+    assert len(rows) == 9 and not dead
+    assert [(n.kind, n.field) for n in maker.watch.news()] == [("absent", "customerid"), ("unmapped", "customerId")]

@@ -178,7 +178,8 @@ def test_what_cannot_make_columns_is_said():
 
 @pytest.mark.parametrize(("schema", "expected"), [
     ({"type": "int8"}, "smallint"), ({"type": "int16"}, "smallint"), ({"type": "int64"}, "bigint"),
-    ({"type": "float32"}, "real"), ({"type": "bytes"}, "bytea"),
+    ({"type": "float32"}, "real"), ({"type": "double"}, "double precision"), ({"type": "float"}, "real"),
+    ({"type": "bytes"}, "bytea"),
     ({"type": "map", "values": {"type": "int32"}}, "jsonb"),
     ({"type": "array", "items": {"type": "int64"}}, "bigint[]"),
     ({"type": "array", "items": {"type": "bytes"}}, "jsonb"),  # base64 items: bytea[] would take the text

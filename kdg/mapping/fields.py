@@ -48,9 +48,12 @@ class FieldWatch:
 
     def __init__(self, mapping: Mapping):
         self._mapped: dict[str, str] = {}  # top-level field → the first source that reads it
+        # JsonConverter's values read as they are (json:/payload/FIELD): the fields are the payload's
+        paths = [c.source.path for c in mapping.columns if c.source.kind == "value" and c.source.path]
+        self._payload = bool(paths) and all(len(p) > 1 and p[0] == "payload" for p in paths)
         for column in mapping.columns:
             if column.source.kind == "value" and column.source.path:
-                self._mapped.setdefault(column.source.path[0], column.source.spec)
+                self._mapped.setdefault(column.source.path[1 if self._payload else 0], column.source.spec)
         self._said: set[tuple[str, str]] = set()
         self._news: list[FieldNote] = []
         self.missing: set[str] = set()
@@ -93,8 +96,8 @@ class FieldWatch:
     def see(self, i: int, row) -> None:
         if type(row) is not dict:
             return
-        if is_wrapped(row):  # JsonConverter's {"schema", "payload"}: the fields are the payload's
-            row = row["payload"]
+        if is_wrapped(row) or (self._payload and "payload" in row):  # JsonConverter's {"schema", "payload"}: the
+            row = row["payload"]                                          # fields are the payload's
             if type(row) is not dict:
                 return
         if self.missing:

@@ -12,7 +12,8 @@ The record key's fields (Debezium's key: the row's primary key) become the mappi
 Each type is one :mod:`kdg.mapping.connect` converts into, so a value arrives as the source held it:
 
     int8, int16 → smallint        int32 → integer          int64 → bigint         boolean → boolean
-    float32 → real                float64 → double precision                     string → text
+    float, float32 → real         double, float64 → double precision (JsonConverter writes float and double)
+    string → text
     bytes → bytea (base64 decoded)                          array of plain scalars → their type[]
     struct, map, other arrays → jsonb                       another logical name → text (or jsonb)
     Connect Decimal → numeric(P,S) (numeric without connect.decimal.precision)
@@ -65,8 +66,10 @@ from kdg.settings import TableName
 _CONNECT, _DEBEZIUM = "org.apache.kafka.connect.data.", "io.debezium."
 _DECIMAL = _CONNECT + "Decimal"
 # a Connect type without a logical name
-PLAIN = {"int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint", "float32": "real",
-         "float64": "double precision", "boolean": "boolean", "string": "text", "bytes": "bytea"}
+# Connect's types as JsonConverter names them (its JSON schema says float and double) and as Connect's own Schema.Type
+PLAIN = {"int8": "smallint", "int16": "smallint", "int32": "integer", "int64": "bigint", "float": "real",
+         "double": "double precision", "float32": "real", "float64": "double precision", "boolean": "boolean",
+         "string": "text", "bytes": "bytea"}
 # each logical type kdg.mapping.connect decodes (but Decimal: its precision, below), to the type it goes to
 LOGICAL = {
     _CONNECT + "Date": "date", _CONNECT + "Time": "time", _CONNECT + "Timestamp": "timestamp",
