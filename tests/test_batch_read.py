@@ -114,3 +114,56 @@ def test_the_field_watch_reads_a_wrapped_value_s_fields_in_its_payload():
     rows, dead = maker.rows(_records([{"schema": schema, "payload": {"id": i, "customerId": "c"}} for i in range(9)]))
     assert len(rows) == 9 and not dead
     assert [(n.kind, n.field) for n in maker.watch.news()] == [("absent", "customerid"), ("unmapped", "customerId")]
+
+
+CDC = ["id bigint = json:id", "name text = json:name", "at timestamptz = json:at", "price numeric(10,2) = json:price",
+       "lsn bigint = source:lsn", "db text = source:db", "off bigint = offset"]
+_ROW = {"type": "struct", "optional": True, "fields": [
+    {"type": "int64", "field": "id"}, {"type": "string", "optional": True, "field": "name"},
+    {"type": "int64", "optional": True, "name": "io.debezium.time.MicroTimestamp", "field": "at"},
+    {"type": "bytes", "optional": True, "name": "org.apache.kafka.connect.data.Decimal",
+     "parameters": {"scale": "2"}, "field": "price"}]}
+EVENT = {"type": "struct", "fields": [{**_ROW, "field": "before"}, {**_ROW, "field": "after"},
+                                      {"type": "struct", "field": "source", "fields": [
+                                          {"type": "int64", "field": "lsn"}, {"type": "string", "field": "db"}]},
+                                      {"type": "string", "field": "op"}, {"type": "int64", "field": "ts_ms"}]}
+
+
+def _event(i: int, op: str = "u", wrapped: bool = True, **row) -> dict:
+    after = {"id": i, "name": f"n{i}", "at": 1732800000000000 + i, "price": base64.b64encode(
+        (i * 7).to_bytes(3, "big", signed=True)).decode(), **row}
+    event = {"before": {"id": i} if op != "c" else None, "after": after if op != "d" else None,
+             "source": {"lsn": 1000 + i, "db": "shop", "ts_ms": 5}, "op": op, "ts_ms": 7}
+    return {"schema": EVENT, "payload": event} if wrapped else event
+
+
+def _both_cdc(records, columns=CDC):
+    fast = RowMaker(build_mapping(columns=columns, table="t", envelope="debezium", key=("id",)), truncates=True)
+    slow = RowMaker(build_mapping(columns=columns, table="t", envelope="debezium", key=("id",)), truncates=True)
+    slow._batch = None
+    took = fast._batch is not None and fast._batch.rows(records) is not None
+    made = [(fast.rows(records), fast.unavailable, fast.skipped), (slow.rows(records), slow.unavailable, slow.skipped)]
+    shown = [((rows, [(r.offset, why) for r, why, _ in dead]), kept, skipped) for (rows, dead), kept, skipped in made]
+    assert shown[0] == shown[1]
+    return shown[0][0][0], took
+
+
+def test_debezium_change_events_are_read_a_batch_at_a_time_into_the_same_rows():
+    rows, took = _both_cdc(_records([_event(i, op) for i, op in enumerate("crruuc")]))
+    assert took and len(rows) == 6
+    assert rows[2][6:] == ("2", "n2", "2024-11-28 13:20:00.000002+00", "0.14", "1002", "shop", "102")
+    rows, took = _both_cdc(_records([_event(i, wrapped=False) for i in range(5)]))  # schemas.enable=false
+    assert took and rows[1][6:9] == ("1", "n1", "1732800000000001")
+
+
+@pytest.mark.parametrize("case, event", [
+    ("a delete", _event(9, "d")),
+    ("a truncate", {"schema": EVENT, "payload": {"op": "t", "source": {"lsn": 1, "db": "shop"}}}),
+    ("a heartbeat", {"ts_ms": 5}),
+    ("a placeholder", _event(9, name="__debezium_unavailable_value")),
+    ("no after", {"schema": EVENT, "payload": {"op": "u", "after": None, "source": {"lsn": 1, "db": "shop"}}}),
+    ("not a change event", {"schema": EVENT, "payload": {"op": "x", "after": {"id": 9}}}),
+])
+def test_a_batch_with_anything_but_creates_updates_and_reads_is_read_record_by_record(case, event):
+    rows, took = _both_cdc(_records([_event(i) for i in range(4)] + [event]))
+    assert not took, case

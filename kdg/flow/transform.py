@@ -20,6 +20,8 @@ import os
 import sys
 from decimal import Decimal
 
+import msgspec
+
 from kdg.errors import UsageError
 from kdg.records import Record
 
@@ -204,10 +206,17 @@ def as_value(rec: Record) -> bytes | None:
 
 
 _DECODE = json.JSONDecoder(parse_float=Decimal).decode  # made once: json.loads(parse_float=…) makes one a call
+_FAST = msgspec.json.Decoder(float_hook=Decimal).decode
 
 
 def _json_or_bytes(data: bytes):
-    """JSON with its decimals exact (:class:`~decimal.Decimal`), or the bytes as they are where not JSON."""
+    """JSON with its decimals exact (:class:`~decimal.Decimal`), or the bytes as they are where not JSON.
+    msgspec reads it; what msgspec refuses, the standard library reads again, and its verdict stands (as
+    :func:`kdg.mapping.sources.parse_json`)."""
+    try:
+        return _FAST(data)
+    except (ValueError, RecursionError):
+        pass
     try:
         return _DECODE(data.decode("utf-8"))
     except ValueError:  # (UnicodeDecodeError too)

@@ -3,8 +3,10 @@
 The row maker reads a record at a time (:class:`~kdg.mapping.events.RecordReader`): parse the value, walk to
 each field, turn it into its column's text. For the common batch — plain JSON values, or Kafka Connect
 JsonConverter's ``{"schema", "payload"}`` with one schema, every ``json:`` source a top-level field of the
-row (``json:id``, or ``json:/payload/id`` in the wrapper), no tombstone — :class:`BatchReader` does the same
-work a column at a time:
+row (``json:id``, or ``json:/payload/id`` in the wrapper), no tombstone; or, under ``--envelope debezium``,
+change events that all create, update or snapshot a row (op c, u or r), ``json:`` sources fields of their
+``after`` and ``source:`` ones of their ``source`` block — :class:`BatchReader` does the same work a column at
+a time:
 
 1. the values are joined into one JSON array (for wrapped values: each payload, cut after the schema's text,
    which every record repeats and none is parsed for) and msgspec decodes it at once into a struct that holds
@@ -15,7 +17,8 @@ work a column at a time:
 
 Anything else gives None, and the batch is read record by record as before, which says what is wrong with
 each record: a value that is not an object, a lone UTF-16 surrogate, a text Postgres cannot hold, a value its
-column refuses, a tombstone, a transform's row, another layout or a second schema in the batch. The two reads
+column refuses, a tombstone, a transform's row, another layout or a second schema in the batch, a delete, a
+truncate, a heartbeat, Debezium's unavailable-value placeholder. The two reads
 give the same rows (``tests/test_batch_read.py`` holds them against each other).
 """
 
@@ -24,46 +27,62 @@ from operator import attrgetter, itemgetter, methodcaller
 
 import msgspec
 
+from kdg.mapping.events import UPSERTS
 from kdg.mapping.record_schemas import _split
 from kdg.mapping.sources import json_number
 
 _VALUE, _ENDS = attrgetter("value"), methodcaller("endswith", b"}")
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _TOPIC, _PARTITION, _OFFSET, _ROW = attrgetter("topic"), attrgetter("partition"), attrgetter("offset"), attrgetter("row")
+_OP, _AFTER, _SOURCE = attrgetter("op"), attrgetter("after"), attrgetter("source")
 LIMIT = 64  # schemas (and their decoders) kept, as ConnectJson keeps them
 
 
 class BatchReader:
     """Reads batches for one :class:`~kdg.mapping.events.RecordReader` (``reader``), whose sources are
     ``json:`` fields of a plain JSON value and record facts (``kafka:…``, ``header:…``, ``key``); see
-    :meth:`able`. ``storable(text, jsonb)``: whether Postgres can hold a text (the row maker's own test)."""
+    :meth:`able`. ``storable(text, jsonb)``: whether Postgres can hold a text (the row maker's own test); ``placeholders``:
+    Debezium's unavailable-value marks, whose records are read one at a time."""
 
-    def __init__(self, reader, storable, jsonb: list[bool]):
-        self._reader, self._storable, self._jsonb = reader, storable, jsonb
+    def __init__(self, reader, storable, jsonb: list[bool], placeholders: tuple[bytes, ...] = ()):
+        self._reader, self._storable, self._jsonb, self._marks = reader, storable, jsonb, placeholders
+        self._cdc = reader.cdc
         sources = reader.sources
-        self._value_cols = [i for i, s in enumerate(sources) if s.kind == "value"]
-        self._other_cols = [i for i, s in enumerate(sources) if s.kind != "value"]
-        self._fields = [sources[i].path[-1] for i in self._value_cols]
-        self._plain = all(len(sources[i].path) == 1 for i in self._value_cols)
-        self._wrapped = all(len(sources[i].path) == 2 and sources[i].path[0] == "payload"
-                            for i in self._value_cols)
-        names = list(dict.fromkeys(self._fields))  # a field two columns read is decoded once
-        self._struct = msgspec.defstruct("MappedFields", [(f"f{i}", object, None) for i in range(len(names))],
-                                         rename={f"f{i}": name for i, name in enumerate(names)}, gc=False)
-        self._decode = msgspec.json.Decoder(list[self._struct], float_hook=json_number).decode
-        self._take = [attrgetter(f"f{names.index(f)}") for f in self._fields]
+        self._value_cols = [i for i, s in enumerate(sources) if s.kind in ("value", "source")]
+        self._other_cols = [i for i, s in enumerate(sources) if s.kind not in ("value", "source")]
+        values = [sources[i].path for i in self._value_cols if sources[i].kind == "value"]
+        self._plain = all(len(p) == 1 for p in values)
+        self._wrapped = all(len(p) == 2 and p[0] == "payload" for p in values)
+        row, take_row = _fields("Row", [p[-1] for p in values])
+        block, take_block = _fields("Source", [sources[i].path[0] for i in self._value_cols
+                                               if sources[i].kind == "source"])
+        # per value column: (which struct of the event, the field's getter)
+        rows, blocks = iter(take_row), iter(take_block)
+        self._take = [("after", next(rows)) if sources[i].kind == "value" else ("source", next(blocks))
+                      for i in self._value_cols]
+        if self._cdc:
+            event = msgspec.defstruct("Event", [("op", object, None), ("after", row | None, None),
+                                                ("source", block | None, None)], gc=False)
+            self._decode = msgspec.json.Decoder(list[event], float_hook=json_number).decode
+        else:
+            self._decode = msgspec.json.Decoder(list[row], float_hook=json_number).decode
+        self._reads_source = bool(take_block)
         self._texts: dict = {}  # schema text (b"" for plain values) → per value column, value → its text
         self._prefixes: dict[bytes, bytes] = {}  # a wrapped value's bytes before its payload → its schema text
 
     @staticmethod
     def able(reader) -> bool:
-        """Whether ``reader``'s batches may be read column by column: plain JSON values (no envelope, no
-        registry format, no ``key:`` field), at least one ``json:`` source, each a top-level field of the row."""
+        """Whether ``reader``'s batches may be read column by column: JSON values (no registry format, no
+        ``key:`` field), at least one ``json:`` source, each a top-level field of the row (or, not under an
+        envelope, each ``/payload/FIELD``); under the Debezium envelope, ``source:`` fields of the source block too."""
         sources = reader.sources
         values = [s for s in sources if s.kind == "value"]
-        return bool(reader.plain and values and all(s.kind not in ("key", "source", "envelope") for s in sources)
-                    and (all(len(s.path) == 1 for s in values)
-                         or all(len(s.path) == 2 and s.path[0] == "payload" for s in values)))
+        if not (reader.json_values and values) or any(s.kind in ("key", "envelope") for s in sources):
+            return False
+        if reader.cdc:
+            return all(len(s.path) == 1 for s in sources if s.kind in ("value", "source"))
+        return not any(s.kind == "source" for s in sources) and (
+            all(len(s.path) == 1 for s in values) or all(len(s.path) == 2 and s.path[0] == "payload" for s in values))
 
     def rows(self, records) -> list[tuple] | None:
         """The staged rows ``(seq, key, topic, partition, offset, False, *texts)`` of ``records`` (``(record,
@@ -80,20 +99,29 @@ class BatchReader:
         if found is None:
             return None
         body, schema = found
+        if self._cdc and any(mark in body for mark in self._marks):
+            return None  # a placeholder keeps its column's value: said record by record
         try:
             structs = self._decode(body)
         except (msgspec.DecodeError, RecursionError):
             return None
         if len(structs) != len(values):  # (cannot be, short of a payload that closed the array itself)
             return None
+        parts = {"after": structs}
+        if self._cdc:  # change events: each must create, update or read a row
+            if not set(map(_OP, structs)) <= UPSERTS:
+                return None
+            parts = {"after": list(map(_AFTER, structs)), "source": list(map(_SOURCE, structs))}
+            if None in parts["after"] or (None in parts["source"] and self._reads_source):
+                return None
         texts = self._texts.get(schema)
         if texts is None:
             texts = self._column_texts(schema)
         columns: list = [None] * len(self._reader.sources)
         keys = list(map(_SECOND, records))
         try:
-            for i, take, text in zip(self._value_cols, self._take, texts):
-                columns[i] = list(map(text, map(take, structs)))
+            for i, (part, take), text in zip(self._value_cols, self._take, texts):
+                columns[i] = list(map(text, map(take, parts[part])))
             for i in self._other_cols:
                 read = self._reader.readers[i]
                 columns[i] = [read(rec, key, None, None, None) for rec, key in records]
@@ -115,7 +143,7 @@ class BatchReader:
             if not self._plain or any(v.find(b'"schema"', 0, 32) >= 0 for v in values):
                 return None
             return b"[" + b",".join(values) + b"]", b""
-        if not self._wrapped:
+        if not self._wrapped and not self._cdc:
             return None
         split = _split(first)
         if split is None:
@@ -161,3 +189,11 @@ class BatchReader:
         storable = self._storable
         return all(storable(v, jsonb) for v in column
                    if v is not None and ("\x00" in v or not v.isascii() or "\\u" in v))
+
+
+def _fields(name: str, fields: list[str]):
+    """A struct type holding only ``fields`` (each decoded as it is, None when missing), and a getter per field."""
+    names = list(dict.fromkeys(fields))  # a field two columns read is decoded once
+    struct = msgspec.defstruct(name, [(f"f{i}", object, None) for i in range(len(names))],
+                               rename={f"f{i}": n for i, n in enumerate(names)}, gc=False)
+    return struct, [attrgetter(f"f{names.index(f)}") for f in fields]

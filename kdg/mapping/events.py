@@ -66,10 +66,10 @@ class RecordReader:
         self._readers = tuple(_reader(s, raw, _text(s, t)) for raw, s, t in zip(self._raw, self.sources, self.types))
 
     @property
-    def plain(self) -> bool:
-        """Whether values are plain JSON (or JsonConverter's wrapper) read as they are, and no key: the sources
-        :class:`~kdg.mapping.batch_read.BatchReader` may read a batch at a time."""
-        return self._plain
+    def json_values(self) -> bool:
+        """Whether values are JSON (JsonConverter's wrapper among them) and no ``key:`` source reads the key:
+        what :class:`~kdg.mapping.batch_read.BatchReader` may read a batch at a time."""
+        return self._reads_value and self._decode_value is None and not self._reads_key
 
     @property
     def readers(self) -> tuple:
@@ -81,12 +81,15 @@ class RecordReader:
         return self._value_json
 
     def value_texts(self, schema, columns: list[int]) -> list:
-        """For each source of ``columns`` (``json:`` sources), value → its column's text: a Connect logical type
-        decoded where ``schema`` (a JsonConverter value's schema; None: none) names one, as :meth:`_plan` has it."""
-        root = _wrapper(schema)
+        """For each source of ``columns`` (``json:`` and ``source:`` sources), value → its column's text: a Connect
+        logical type decoded where ``schema`` (a JsonConverter value's schema; None: none) names one, as
+        :meth:`_plan` has it (under the envelope, the schemas of the event's ``after`` and ``source``)."""
+        roots = {} if schema is None else {"value": _wrapper(schema)} if not self.cdc else {
+            "value": envelope_field(schema, "after"), "source": envelope_field(schema, "source")}
         found = []
         for i in columns:
             source, column_type = self.sources[i], self.types[i]
+            root = roots.get(source.kind)
             convert = converter(field_schema(root, source.path), column_type) if root is not None else None
             found.append(convert if convert is not None else _text(source, column_type))
         return found

@@ -65,7 +65,8 @@ class RowMaker:
         self.unavailable = 0          # placeholders read, each staged as "keep the column's value"
         self.skipped: Counter = Counter()  # heartbeats and schema-change events read, by kind
         # a batch at a time where the mapping allows (kdg.mapping.batch_read), else record by record
-        self._batch = BatchReader(self._reader, _storable, self._jsonb) if BatchReader.able(self._reader) else None
+        self._batch = BatchReader(self._reader, _storable, self._jsonb, _UNAVAILABLE_MARKS) \
+            if BatchReader.able(self._reader) else None
         self.watch = FieldWatch(mapping) if watch else None
         if self.watch is not None and not self.watch.active:
             self.watch = None
