@@ -39,10 +39,11 @@ LIMIT = 64  # schemas (and their decoders) kept, as ConnectJson keeps them
 
 
 class BatchReader:
-    """Reads batches for one :class:`~kdg.mapping.events.RecordReader` (``reader``), whose sources are
-    ``json:`` fields of a plain JSON value and record facts (``kafka:…``, ``header:…``, ``key``); see
-    :meth:`able`. ``storable(text, jsonb)``: whether Postgres can hold a text (the row maker's own test); ``placeholders``:
-    Debezium's unavailable-value marks, whose records are read one at a time."""
+    """Reads batches for one :class:`~kdg.mapping.events.RecordReader` (``reader``) whose sources are ``json:``
+    (and, under the envelope, ``source:``) fields and the record's own facts (``offset``, ``header:NAME``,
+    ``key``, …), which are read per record as before; see :meth:`able`. ``storable(text, jsonb)``: whether
+    Postgres can hold a text (the row maker's own test); ``placeholders``: Debezium's unavailable-value marks,
+    whose batches are read record by record."""
 
     def __init__(self, reader, storable, jsonb: list[bool], placeholders: tuple[bytes, ...] = ()):
         self._reader, self._storable, self._jsonb, self._marks = reader, storable, jsonb, placeholders
