@@ -197,3 +197,24 @@ def postgres_cpu(layout) -> float | None:
         if child[1] == str(root):
             total += int(child[11]) + int(child[12])
     return total / tick
+
+
+def produce_pairs(bootstrap_servers: str, topic: str, partitions: int, pairs) -> None:
+    """``(key, value)`` pairs into ``topic`` (made with ``partitions`` if missing), idempotent and acknowledged by
+    all replicas: a benchmark's input, produced before anything is measured."""
+    from confluent_kafka import Producer
+
+    from kdg.kafka.admin import ensure_topic
+
+    ensure_topic(bootstrap_servers, topic, partitions=partitions)
+    producer = Producer({"bootstrap.servers": bootstrap_servers, "linger.ms": 20, "acks": "all",
+                         "enable.idempotence": True, "compression.type": "lz4", "log_level": 2})
+    for key, value in pairs:
+        while True:
+            try:
+                producer.produce(topic, value, key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    if producer.flush(120):
+        raise SystemExit("the benchmark's records were not all acknowledged")

@@ -58,7 +58,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import Child, drop_topic, fresh_topic, postgres_cpu, run_measured, sql  # noqa: E402
+from common import Child, drop_topic, fresh_topic, postgres_cpu, produce_pairs, run_measured, sql  # noqa: E402
 from consume_bench import BATCH, cpu_row, drop_sink, fresh_table, lists_option, startup_excluded_row  # noqa: E402
 from measures import BASELINE, Measures, row  # noqa: E402
 
@@ -95,24 +95,8 @@ def envelope(i: int, version: int) -> tuple[bytes, bytes]:
 
 def produce(layout, topic: str, ids: int) -> None:
     """Every id's first version, then every id's second, into a new topic of 6 partitions, keyed by id."""
-    from confluent_kafka import Producer
-
-    from kdg.kafka.admin import ensure_topic
-
-    ensure_topic(layout.bootstrap_servers, topic, partitions=PARTITIONS)
-    producer = Producer({"bootstrap.servers": layout.bootstrap_servers, "linger.ms": 20, "acks": "all",
-                         "enable.idempotence": True, "compression.type": "lz4", "log_level": 2})
-    for version in (1, 2):
-        for i in range(ids):
-            key, value = envelope(i, version)
-            while True:
-                try:
-                    producer.produce(topic, value, key)
-                    break
-                except BufferError:
-                    producer.poll(0.05)
-    if producer.flush(120):
-        raise SystemExit("the benchmark's records were not all acknowledged")
+    produce_pairs(layout.bootstrap_servers, topic, PARTITIONS,
+                  (envelope(i, version) for version in (1, 2) for i in range(ids)))
 
 
 def check_table(layout, table, ids: int) -> None:

@@ -58,30 +58,20 @@ def schema_of(fields) -> str:
 
 def produce(layout, topic: str, records: int, partitions: int, tier_from: int | None = None) -> None:
     """``records`` orders; from ``tier_from`` on, their schema has ``tier`` too."""
-    from confluent_kafka import Producer
+    from common import produce_pairs
 
-    from kdg.kafka.admin import ensure_topic
-
-    ensure_topic(layout.bootstrap_servers, topic, partitions=partitions)
-    producer = Producer({"bootstrap.servers": layout.bootstrap_servers, "linger.ms": 20, "acks": "all",
-                         "enable.idempotence": True, "compression.type": "lz4", "log_level": 2})
     old, new = schema_of(FIELDS), schema_of(FIELDS + [TIER])
     key_schema = schema_of(FIELDS[:1])
-    for i in range(records):
-        changed = tier_from is not None and i >= tier_from
-        payload = (f'{{"id": {i}, "customer": "c{i % 5000}", "amount": {i % 10_000}.{i % 100:02d}, '
-                   f'"paid": {"true" if i % 2 else "false"}, "qty": {i % 7}'
-                   + (f', "tier": "t{i % 3}"}}' if changed else "}"))
-        value = f'{{"schema": {new if changed else old}, "payload": {payload}}}'.encode()
-        key = f'{{"schema": {key_schema}, "payload": {{"id": {i}}}}}'.encode()
-        while True:
-            try:
-                producer.produce(topic, value, key)
-                break
-            except BufferError:
-                producer.poll(0.05)
-    if producer.flush(120):
-        raise SystemExit("the benchmark's records were not all acknowledged")
+
+    def pairs():
+        for i in range(records):
+            changed = tier_from is not None and i >= tier_from
+            payload = (f'{{"id": {i}, "customer": "c{i % 5000}", "amount": {i % 10_000}.{i % 100:02d}, '
+                       f'"paid": {"true" if i % 2 else "false"}, "qty": {i % 7}'
+                       + (f', "tier": "t{i % 3}"}}' if changed else "}"))
+            yield (f'{{"schema": {key_schema}, "payload": {{"id": {i}}}}}'.encode(),
+                   f'{{"schema": {new if changed else old}, "payload": {payload}}}'.encode())
+    produce_pairs(layout.bootstrap_servers, topic, partitions, pairs())
 
 
 def consume(layout, topic: str, route: str, *, log: Path | None = None) -> dict:
