@@ -334,6 +334,64 @@ def test_exactly_once_upsert_killed_anywhere_gives_each_order_once_at_its_last_v
         "idempotency_key column and kdg_dedup claims", CRASH_ORDERS * CRASH_VERSIONS, 0, 0) and audit["balanced"], audit
 
 
+@pytest.mark.parametrize("point", ["inside-pg-transaction", "after-commit-before-process"])
+def test_keys_without_a_time_killed_anywhere_give_each_order_once_at_its_last_version(kdg, conn, topic, group,
+                                                                                      table, tmp_path, point):
+    """Records without kdg headers keyed by --id-from offset (as Kafka Connect writes them): keys without a
+    time, claimed by COPY once none of a batch's was claimed before. A kill loses and repeats nothing, and the
+    topic read again in another group is found claimed, record by record (at-least-once's anomaly for the same
+    crash is the test above)."""
+    from confluent_kafka import Producer
+
+    create(conn, UPSERT_TABLE, table)
+    producer = Producer({"bootstrap.servers": conn.bootstrap_servers})
+    for v in range(1, CRASH_VERSIONS + 1):
+        for i in range(CRASH_ORDERS):
+            producer.produce(topic, order_json(i, v).encode(), str(i).encode())
+    assert producer.flush(30) == 0
+    args = ("--table", table, "--mode", "upsert", *column_flags(), "--batch-size", CRASH_BATCH, "--id-from", "offset")
+    crashed = consume(kdg, topic, group, "exactly-once", *args, env={"KDG_FAULT": f"{point}@3"}, check=False)
+    assert crashed.returncode == -signal.SIGKILL, f"the fault did not fire: {crashed.stderr}"
+    consume(kdg, topic, group, "exactly-once", *args)
+    found = rows(conn, table)
+    assert [(r["order_id"], r["version"]) for r in found] == [(i, CRASH_VERSIONS) for i in range(CRASH_ORDERS)]
+    audit = audited(kdg, topic, "--table", table, "-G", group, "--id-from", "offset")
+    assert (audit["lost"], audit["duplicates"]) == (0, 0) and audit["balanced"], audit
+    # the whole topic again, in another group: every record found claimed, nothing written
+    again = consume(kdg, topic, f"{group}-again", "exactly-once", *args)
+    assert (again["duplicates_suppressed"], again["written"]) == (CRASH_ORDERS * CRASH_VERSIONS, 0), again
+    assert rows(conn, table) == found
+
+
+def test_keys_without_a_time_go_in_by_copy_only_when_none_was_claimed_before(conn, table):
+    """A batch of keys without a time is claimed by COPY (at one ``now``); a key of it claimed in an earlier
+    transaction, or twice in the batch, sends the batch to the SQL claim, which claims only the new ones."""
+    from kdg.store.claims import copy_all_claims, prepare_claims
+
+    def attempt(store, keys: list[str]) -> tuple[bool, int]:
+        async def go():
+            async with store.conn.transaction():
+                window = await store._claim_window(identity)
+                claims = await prepare_claims(store.conn, window, keys)
+                copied = await copy_all_claims(store.conn, [(claims, [(k, "tp", 0, i) for i, k in enumerate(keys)])])
+                return copied, claims.now
+        return store._run(go())
+
+    with Store(conn.pg_dsn) as store:
+        identity = store.ensure_sink_table(table)
+        copied, now = attempt(store, ["t/0/1", "t/0/2", "order-3"])
+        assert copied
+        claimed = store.fetch("SELECT idempotency_key, key_ms FROM kdg_dedup WHERE sink_table = $1 ORDER BY 1",
+                              identity.text)
+        assert [(r["idempotency_key"], r["key_ms"]) for r in claimed] == [("order-3", now), ("t/0/1", now),
+                                                                          ("t/0/2", now)]
+        assert attempt(store, ["t/0/4", "t/0/2"])[0] is False  # t/0/2 was claimed before
+        assert attempt(store, ["t/0/5", "t/0/5"])[0] is False  # twice in the batch
+        # through the SQL claim, only what is new goes in
+        assert store.write_claimed(table, "g", [(k, "tp", 0, i, None, b"v", "{}")
+                                                for i, k in enumerate(["t/0/4", "t/0/2", "t/0/5", "t/0/5"])]) == 2
+
+
 # -- Postgres going away mid-consume ---------------------------------------------------------------
 
 @pytest.mark.disrupts_stack

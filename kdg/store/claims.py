@@ -8,7 +8,7 @@ transaction :mod:`kdg.store.unit` opens for a batch (or its own, for Spark), mix
 """
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from itertools import repeat
 
 import asyncpg
@@ -32,6 +32,11 @@ CLAIM = """INSERT INTO {claims} (sink_table, idempotency_key, key_ms, topic, "pa
            ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset\""""
 # a staged row whose key is older than the window: written without a claim
 OUTSIDE = "coalesce(kdg_key_ms(s.idempotency_key) < $3, false)"
+# Whether any of the keys ($2, keys without a time) is claimed in any partition of the table's claims: one
+# walk of the primary key over the sorted keys (``= ANY`` of an array), where the NOT EXISTS of CLAIM is
+# planned as a hash of every claim of the table, rebuilt for each batch
+CLAIMED_BEFORE = """SELECT EXISTS (SELECT 1 FROM {claims} d WHERE d.sink_table = $1
+                                  AND d.idempotency_key = ANY($2::text[]))"""
 
 DEDUP_COLUMNS = ("sink_table", "idempotency_key", "key_ms", "topic", "partition", "offset")  # a claim
 _TIMELESS_LOCK = 0x6B646774  # "kdgt": claims of keys without a time, one transaction at a time per table
@@ -46,20 +51,24 @@ class Claims:
     times: list[int | None]        # each row's key_ms (None: the key carries no time)
     outside: int = 0               # rows whose key is below the horizon: written without a claim
 
+    timeless: list[str] = field(default_factory=list)  # the keys without a time (claimed at ``now``)
+
     @property
     def fast(self) -> bool:
-        """Every key carries a time inside the window: claims can go in by COPY."""
-        return not self.outside and None not in self.times
+        """No key is below the horizon: claims can go in by COPY (keys without a time once
+        :data:`CLAIMED_BEFORE` found none of them claimed)."""
+        return not self.outside
 
     def rows(self, keyed) -> Iterator[tuple]:
         """Claim rows in :data:`DEDUP_COLUMNS` order, one at a time (COPY encodes each as it comes: a batch's
         rows never all exist twice), from a batch's :class:`SinkRows` (zipped in C) or from
         ``(key, topic, partition, offset)`` tuples."""
-        table = self.window.sink_table
+        table, now = self.window.sink_table, self.now
+        times = [now if t is None else t for t in self.times] if self.timeless else self.times
         if isinstance(keyed, SinkRows):
             key, topic, partition, offset = keyed.columns[:4]
-            return zip(repeat(table, len(key)), key, self.times, topic, partition, offset)
-        return ((table, k, t, topic, p, o) for (k, topic, p, o), t in zip(keyed, self.times))
+            return zip(repeat(table, len(key)), key, times, topic, partition, offset)
+        return ((table, k, t, topic, p, o) for (k, topic, p, o), t in zip(keyed, times))
 
     @property
     def args(self) -> tuple:
@@ -82,6 +91,7 @@ async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[st
     await ensure_parts(conn, window, timed + [claims.now] if timeless else timed)
     if timeless:
         await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _TIMELESS_LOCK, window.relation)
+        claims.timeless = [k for k, t in zip(keys, times) if t is None]
     return claims
 
 
@@ -96,9 +106,16 @@ async def copy_all_claims(conn: asyncpg.Connection, tables: list[tuple[Claims, o
     then the caller claims through :data:`CLAIM`, in SQL. ``tables``: ``(claims, keyed)`` of each table.
 
     The common case (every key new) costs one COPY a table instead of an INSERT … SELECT that returns each claim.
+    A key with a time claimed before, or twice, has the same primary key and fails the COPY; a key without one
+    is claimed at ``now``, so a claim of it made earlier is looked for first (:data:`CLAIMED_BEFORE`, under
+    the lock :func:`prepare_claims` took), and twice in the batch fails the COPY like any other.
     """
     if not all(claims.fast for claims, _ in tables):
         return False
+    for claims, _ in tables:
+        if claims.timeless and await conn.fetchval(CLAIMED_BEFORE.format(claims=claims.window.sql),
+                                                   claims.window.sink_table, claims.timeless):
+            return False
     try:
         async with conn.transaction():
             for claims, keyed in tables:
