@@ -111,6 +111,9 @@ class TopicEnd:
     def reached(self) -> bool:
         if not self.consumer.held_at_end():
             return False
+        start = getattr(self.consumer, "start", None)
+        if start is not None and start.explicit() and not self.consumer.stored_wins and not self.consumer.rebalanced:
+            return False  # -o moves the stored positions at this member's first assignment: not judged by them before
         held = self.consumer.assigned
         others = {t: [p for p in parts if (t, p) not in held] for t, parts in self.topics().items()}
         others = {t: parts for t, parts in others.items() if parts}

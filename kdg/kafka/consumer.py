@@ -98,6 +98,7 @@ class KdgConsumer:
         self.ever_assigned: set[tuple[str, int]] = set()
         self.stored_wins = False  # several topics: -o is for partitions without a stored position (initial_offset)
         self._seen_first_assignment: set[tuple[str, int]] = set()
+        self.rebalanced = False  # the group has given this member its partitions (none, maybe) at least once
 
     def subscribe(self, topics: list[str], on_assign, on_revoke) -> None:
         """``topics``: names, and patterns as ``^REGEX``; ``on_assign(partitions)`` returns the partitions with
@@ -107,6 +108,7 @@ class KdgConsumer:
             chosen = on_assign(partitions)
             self.assigned |= {(p.topic, p.partition) for p in chosen}
             self.ever_assigned |= {(p.topic, p.partition) for p in chosen}
+            self.rebalanced = True
             consumer.assign(chosen)
 
         def revoked(consumer, partitions):
