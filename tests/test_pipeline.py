@@ -4,7 +4,8 @@ The kill point ``pipelined-commit`` is reached only when a batch is about to com
 batch is being written on the other connection, so every test here proves first that the consumer
 really stopped (or died) there. Each fault must leave exactly-once at 0 lost / 0 duplicates; the
 weaker guarantees' anomalies under the same kinds of fault are shown in test_crash.py and
-test_typed_sink.py (they write one batch at a time, which the last test here checks).
+test_typed_sink.py (they write one batch at a time, which the last test here checks). A typed table's
+batches are pipelined too: test_typed_sink.py kills its upsert at ``pipelined-commit``.
 """
 
 import json

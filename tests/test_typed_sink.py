@@ -322,6 +322,7 @@ def test_at_least_once_upsert_killed_before_commit_shows_no_duplicates(kdg, conn
 
 @pytest.mark.parametrize("point", [  # where the weaker guarantees break, and inside the typed write itself
     "after-process-before-commit", "after-commit-before-process", "inside-pg-transaction",
+    "pipelined-commit",  # a batch committing while the next is staged and waits its turn on another connection
     pytest.param("after-poll-before-process", marks=pytest.mark.long), pytest.param("during-rebalance",
                                                                                      marks=pytest.mark.long)])
 def test_exactly_once_upsert_killed_anywhere_gives_each_order_once_at_its_last_version(kdg, conn, topic, group,

@@ -215,10 +215,14 @@ class StagedRows:
             if self._made:
                 raise RuntimeError("staged rows were made without keep=True: they are gone")
             self._kept = []
+        self.make()
+        return self._kept
+
+    def make(self) -> None:
+        """Make every row now, unless made: they are then kept (made with ``keep``) for the passes after."""
         if not self._made:
             for _ in self:
                 pass
-        return self._kept
 
     def __iter__(self):
         if self._made:

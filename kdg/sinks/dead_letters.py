@@ -2,6 +2,7 @@
 
 import functools
 import re
+import threading
 from collections import Counter
 
 from kdg.guarantees import DeliveryPolicy
@@ -91,6 +92,7 @@ class DeadLetterQueue:
         # failures only: a dead letter Kafka refuses is an error of the batch that sent it (see send)
         self._producer = KdgProducer(policy, bootstrap, extra, role=Role.DEAD_LETTERS, every_report=False)
         self._ready: set[str] = set()
+        self._sending = threading.Lock()  # a pipelined batch's refused rows go from its connection's thread
 
     def send(self, dead: list[tuple], producer=None) -> None:
         """Send ``dead``; through ``producer`` (an open transaction) when given, else durably now: a dead
@@ -101,6 +103,10 @@ class DeadLetterQueue:
         """
         if not dead:
             return
+        with self._sending:
+            self._send(dead, producer)
+
+    def _send(self, dead: list[tuple], producer) -> None:
         own = producer is None
         target = self._producer if own else producer
         sent = set()

@@ -47,7 +47,8 @@ class PostgresSink(Sink):
 
     def __init__(self, dsn: str, router: Router, group: str, dlq: DeadLetterQueue, handler=None,
                  pipeline: int = 0, registry: dict[str, str] | None = None, on_table=None, reprocess: bool = False):
-        """``pipeline``: exactly-once batches written at once on as many connections (generic routes only);
+        """``pipeline``: exactly-once batches written at once on as many connections (not with ``reprocess``, nor
+        with a route whose columns come from the schema: its table may change between two batches);
         ``on_table(table, topic)``: told of each table as the first topic routed to it is (the claim window);
         ``reprocess``: records claimed before are applied again (:mod:`kdg.store.reprocess`; typed upserts only)."""
         self.router, self.group, self.dlq, self.handler = router, group, dlq, handler
@@ -71,7 +72,7 @@ class PostgresSink(Sink):
             for topic in router.names:  # the listed topics' tables are checked (made) before a record is read
                 for route in router.fanned(topic):
                     self._writer(topic, [], route.name if route.fan is not None else None)
-            depth = pipeline if not router.typed else 0  # typed batches are written one at a time
+            depth = pipeline if not reprocess and not _evolving(router) else 0
             # exactly-once batches are written on `depth` connections of their own, in turn (kdg.sinks.pipeline)
             self.pipeline = Pipeline(lambda: Store(dsn), depth) if depth > 0 else None
         except BaseException:
@@ -332,19 +333,25 @@ class PostgresSink(Sink):
     def submit(self, batch: Batch, *, atomic: bool) -> list[Outcome]:
         if self.pipeline is None or not atomic:
             return super().submit(batch, atomic=atomic)
-        parts, unrouted, unnamed = self._parts(batch)
+        # typed rows are made here, on this thread (the row makers are this thread's); the connection's thread
+        # only copies them
+        parts, unrouted, unnamed = self._parts(batch, made=True)
+        unreadable = [d for part, _ in parts if part.target is not None for d in part.rows.dead]
         filtered = self._filtered(batch)
-        self.dlq.send(batch.dead + unnamed)  # durable before the rows and offsets that account for them commit
+        # durable before the rows and offsets that account for them commit
+        self.dlq.send(batch.dead + unnamed + unreadable)
         offsets = dict(batch.next_offsets)
         fences = {tp: self.fences.get(tp, -1) for tp in offsets}
         expected = {tp: self.stored.get(tp) for tp in offsets}
         self.stored.update(offsets)
 
         def write(store: Store, turn) -> WriteResult:
+            dead = unnamed + unreadable
             done = store.write_unit([p for p, _ in parts], self.group, claim=True, offsets=offsets, fences=fences,
                                     expected=expected, handler=self.handler, before_commit=_at_commit(True),
-                                    turn=turn, filtered=filtered)
-            return _result(done, unnamed, unrouted)
+                                    dead_letter=self._dead_letter(parts, dead, made=True), turn=turn,
+                                    filtered=filtered)
+            return _result(done, dead, unrouted)
 
         return self._finished(self.pipeline.submit(batch, write))
 
@@ -367,26 +374,32 @@ class PostgresSink(Sink):
         parts, unrouted, unnamed = self._parts(batch)
         self.dlq.send(batch.dead + unnamed)  # durable before the rows and offsets that account for them commit
         dead: list = list(unnamed)
-
-        def dead_letter(part: Part, result) -> None:  # inside the transaction: durable before it commits
-            records = next(recs for p, recs in parts if p is part)
-            found = (part.rows.dead if part.target is not None else []) + [
-                refused_row(*records[seq], state, message) for seq, state, message in result.rejected]
-            if found:
-                self.dlq.send(found)
-                dead.extend(found)
-
         offsets = dict(batch.next_offsets) if atomic else None
         done = self.store.write_unit(
             [p for p, _ in parts], self.group, claim=atomic, offsets=offsets,
             fences={tp: self.fences.get(tp, -1) for tp in offsets or ()}, handler=self.handler,
-            dead_letter=dead_letter, before_commit=_at_commit(atomic), filtered=self._filtered(batch))
+            dead_letter=self._dead_letter(parts, dead), before_commit=_at_commit(atomic),
+            filtered=self._filtered(batch))
         return _result(done, dead, unrouted)
 
-    def _parts(self, batch: Batch) -> tuple[list[tuple[Part, list]], int, list]:
+    def _dead_letter(self, parts: list[tuple[Part, list]], dead: list, made: bool = False):
+        """``write_unit``'s ``dead_letter(part, result)``, run inside the transaction (so durable before it
+        commits): the records of a typed part its row maker could not read (unless ``made``: the rows were made,
+        and those sent, before), and the rows Postgres refused; each sent and added to ``dead``."""
+        def dead_letter(part: Part, result) -> None:
+            records = next(recs for p, recs in parts if p is part)
+            found = (part.rows.dead if part.target is not None and not made else []) + [
+                refused_row(*records[seq], state, message) for seq, state, message in result.rejected]
+            if found:
+                self.dlq.send(found)
+                dead.extend(found)
+        return dead_letter
+
+    def _parts(self, batch: Batch, made: bool = False) -> tuple[list[tuple[Part, list]], int, list]:
         """The batch split by table: ``(part, its records)`` each; and the records no table could take yet,
         their table named by their topic's events and none read so far naming it: the tombstones among them
-        are counted filtered (nothing to write), the others are dead letters with the reason."""
+        are counted filtered (nothing to write), the others are dead letters with the reason. ``made``: typed
+        rows are made now (kept for the COPY), not as the COPY reads them."""
         if batch.rows is not None:  # one poll, sorted per batch: the generic table's rows (kdg.batching)
             return self._row_parts(batch.rows), 0, []
         groups: dict[int, tuple[TableWriter, list]] = {}  # by writer: one per table
@@ -429,7 +442,9 @@ class PostgresSink(Sink):
                         if not records:
                             continue
                 writer.rows.prepare(records)  # a registry that is away is waited for here, not inside the COPY
-                staged = writer.rows.staged(records, keep=self.handler is not None)  # made as the COPY reads them
+                staged = writer.rows.staged(records, keep=made or self.handler is not None)
+                if made:
+                    staged.make()
                 parts.append((Part(writer.table, staged, writer.target), records))
         return parts, unrouted, unnamed
 
@@ -483,6 +498,12 @@ class PostgresSink(Sink):
                 self.pipeline.close()
         finally:
             self.store.close()
+
+
+def _evolving(router: Router) -> bool:
+    """Whether a route's columns come from the records' schema: its table may be altered between two batches,
+    so its batches are written one at a time."""
+    return any(route.mapping is not None and route.mapping.from_schema for route in router.routes)
 
 
 def _take(columns: list[list], spans: list[tuple[int, int]]) -> list[list]:

@@ -206,16 +206,22 @@ class TypedResult:
         return self
 
 
-async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, *,
-                      window: Window | None) -> TypedResult:
-    """Stage, claim (exactly-once: ``window`` is the table's claim window) and write ``rows``, in the open
-    transaction. The rows are made as the COPY reads them; the records they could not be made from are
-    then in ``rows.dead``."""
-    result = TypedResult()
+async def stage_batch(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows) -> None:
+    """Stage ``rows`` in the target's temp table, in the open transaction. Rows not made yet are made as the
+    COPY reads them; the records they could not be made from are then in ``rows.dead``."""
     # a deferred constraint would fail the whole transaction at COMMIT, with no row to blame: check
     # every constraint at its statement, so a refused row is found below like any other
     await conn.execute("SET CONSTRAINTS ALL IMMEDIATE")
     await conn.copy_records_to_table(target.stage, records=rows, columns=target.copy_columns)
+
+
+async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, *,
+                      window: Window | None, staged: bool = False) -> TypedResult:
+    """Stage (unless ``staged``: :func:`stage_batch` did), claim (exactly-once: ``window`` is the table's
+    claim window) and write ``rows``, in the open transaction."""
+    result = TypedResult()
+    if not staged:
+        await stage_batch(conn, target, rows)
     if not rows.count:
         return result
     deleting, duplicate_tombs = target.mapping.on_tombstone == "delete", 0

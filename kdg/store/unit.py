@@ -16,7 +16,7 @@ from kdg.settings import TableName
 from kdg.store.filtered import mark_filtered
 from kdg.store.handler import call_handler
 from kdg.store.rows import GROUP_SINK_COLUMNS, SinkRows
-from kdg.store.typed import TypedResult, TypedTarget, write_batch, written_rows
+from kdg.store.typed import TypedResult, TypedTarget, stage_batch, write_batch, written_rows
 
 
 @dataclass
@@ -40,6 +40,7 @@ class Part:
     table: TableName
     rows: object                      # SinkRows | kdg.mapping.rows.StagedRows
     target: TypedTarget | None = None  # None: the generic sink table
+    staged: bool = False              # typed: its rows are in its stage already (:meth:`stage_rows`)
 
     @property
     def stage(self) -> str:
@@ -65,15 +66,23 @@ class Part:
                                                  records=rows.grouped(group), columns=GROUP_SINK_COLUMNS)
             return PartResult(self.table.text, len(rows)), rows.as_list() if keep_written else None
         window = await store._claim_window(self.target.mapping.table) if claim else None
-        if self.target.stage not in store._stages:  # ISO times without an offset are UTC, in consume and Spark
-            await conn.execute("SET TIME ZONE 'UTC'")
-            await conn.execute(self.target.stage_ddl())
-            store._stages.add(self.target.stage)
-        typed: TypedResult = await write_batch(conn, self.target, self.rows, window=window)
+        if not self.staged:
+            await self.stage_rows(store)
+        typed: TypedResult = await write_batch(conn, self.target, self.rows, window=window, staged=True)
         store.unclaimed += typed.outside
         listed = await written_rows(conn, self.target, self.rows, typed) if keep_written else None
         return PartResult(self.table.text, typed.written, typed.duplicates, typed.superseded, typed.deleted,
                           typed.filtered, typed.rejected, typed.reprocessed), listed
+
+
+    async def stage_rows(self, store) -> None:
+        """A typed part's rows into its stage, in the open transaction (its temp table made on first use)."""
+        if self.target.stage not in store._stages:  # ISO times without an offset are UTC, in consume and Spark
+            await store.conn.execute("SET TIME ZONE 'UTC'")
+            await store.conn.execute(self.target.stage_ddl())
+            store._stages.add(self.target.stage)
+        await stage_batch(store.conn, self.target, self.rows)
+        self.staged = True
 
 
 class UnitMixin:
@@ -95,6 +104,12 @@ class UnitMixin:
         results, handed = [None] * len(parts), [None] * len(parts)
         async with self.conn.transaction():
             if turn is not None:
+                # a pipelined batch stages its typed parts first: their COPYs overlap the batch before's claims
+                # and writes (each connection has stages of its own); nothing of the table is touched yet
+                typed = [part for part in parts if part.target is not None]
+                if len({part.stage for part in typed}) == len(typed):
+                    for part in typed:
+                        await part.stage_rows(self)
                 turn.wait_claims()
             generic = [i for i, part in enumerate(parts) if part.target is None and claim and part.rows]
             claimed = dict(zip(generic, await self._claim_tables(
