@@ -20,9 +20,8 @@ import os
 import sys
 from decimal import Decimal
 
-import msgspec
-
 from kdg.errors import UsageError
+from kdg.mapping.sources import json_reader
 from kdg.records import Record
 
 ERROR_TYPE_HEADER = "kdg-error-type"
@@ -205,19 +204,13 @@ def as_value(rec: Record) -> bytes | None:
     return json.dumps(rec.row, separators=(",", ":"), default=str).encode()
 
 
-_DECODE = json.JSONDecoder(parse_float=Decimal).decode  # made once: json.loads(parse_float=…) makes one a call
-_FAST = msgspec.json.Decoder(float_hook=Decimal).decode
+_READ = json_reader(Decimal, constants=True)  # made once
 
 
 def _json_or_bytes(data: bytes):
-    """JSON with its decimals exact (:class:`~decimal.Decimal`), or the bytes as they are where not JSON.
-    msgspec reads it; what msgspec refuses, the standard library reads again, and its verdict stands (as
-    :func:`kdg.mapping.sources.parse_json`)."""
+    """JSON with its decimals exact (:class:`~decimal.Decimal`), or the bytes as they are where not JSON
+    (:func:`kdg.mapping.sources.json_reader`: the standard library's verdict stands)."""
     try:
-        return _FAST(data)
-    except (ValueError, RecursionError):
-        pass
-    try:
-        return _DECODE(data.decode("utf-8"))
+        return _READ(data)
     except ValueError:  # (UnicodeDecodeError too)
         return data

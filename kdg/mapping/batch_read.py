@@ -28,8 +28,8 @@ from operator import attrgetter, itemgetter, methodcaller
 import msgspec
 
 from kdg.mapping.events import UPSERTS
-from kdg.mapping.record_schemas import _split
-from kdg.mapping.sources import json_number
+from kdg.mapping.record_schemas import split_envelope
+from kdg.mapping.sources import json_number, plain_text, storable
 
 _VALUE, _ENDS = attrgetter("value"), methodcaller("endswith", b"}")
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
@@ -41,12 +41,13 @@ LIMIT = 64  # schemas (and their decoders) kept, as ConnectJson keeps them
 class BatchReader:
     """Reads batches for one :class:`~kdg.mapping.events.RecordReader` (``reader``) whose sources are ``json:``
     (and, under the envelope, ``source:``) fields and the record's own facts (``offset``, ``header:NAME``,
-    ``key``, …), which are read per record as before; see :meth:`able`. ``storable(text, jsonb)``: whether
-    Postgres can hold a text (the row maker's own test); ``placeholders``: Debezium's unavailable-value marks,
+    ``key``, …), which are read per record as before; see :meth:`able`. A text Postgres cannot hold
+    (:func:`~kdg.mapping.sources.storable`, the row maker's own test) sends the batch record by record;
+    ``placeholders``: Debezium's unavailable-value marks,
     whose batches are read record by record."""
 
-    def __init__(self, reader, storable, jsonb: list[bool], placeholders: tuple[bytes, ...] = ()):
-        self._reader, self._storable, self._jsonb, self._marks = reader, storable, jsonb, placeholders
+    def __init__(self, reader, jsonb: list[bool], placeholders: tuple[bytes, ...] = ()):
+        self._reader, self._jsonb, self._marks = reader, jsonb, placeholders
         self._cdc = reader.cdc
         sources = reader.sources
         self._value_cols = [i for i, s in enumerate(sources) if s.kind in ("value", "source")]
@@ -146,7 +147,7 @@ class BatchReader:
             return b"[" + b",".join(values) + b"]", b""
         if not self._wrapped and not self._cdc:
             return None
-        split = _split(first)
+        split = split_envelope(first)
         if split is None:
             return None
         prefix = first[:split[2]]
@@ -184,12 +185,9 @@ class BatchReader:
     def _holdable(self, column: list, jsonb: bool) -> bool:
         """Whether Postgres can hold every text of ``column`` (a cheap look at the column's texts joined, then
         each suspect text as the row maker tests it)."""
-        joined = "".join(filter(None, column))
-        if not ("\x00" in joined or not joined.isascii() or "\\u" in joined):
+        if plain_text("".join(filter(None, column))):
             return True
-        storable = self._storable
-        return all(storable(v, jsonb) for v in column
-                   if v is not None and ("\x00" in v or not v.isascii() or "\\u" in v))
+        return all(storable(v, jsonb) for v in column if v is not None and not plain_text(v))
 
 
 def _fields(name: str, fields: list[str]):

@@ -88,7 +88,7 @@ _HEAD = re.compile(rb'\s*\{\s*"schema"\s*:\s*')
 _WS = b" \t\r\n"
 
 
-def _split(data: bytes) -> tuple[int, int, int] | None:
+def split_envelope(data: bytes) -> tuple[int, int, int] | None:
     """Where the schema's text starts and ends, and the payload's starts, in JsonConverter's
     ``{"schema": S, "payload": P}`` (found with ``bytes.find``, no parsing); None for any other layout."""
     head = _HEAD.match(data)
@@ -125,7 +125,7 @@ class ConnectJson:
         if data.find(b'"schema"', 0, 32) < 0:  # not wrapped (the common case): no more looking
             doc = parse_json(data)
             return doc, None if not is_wrapped(doc) else self._named(doc)
-        found = _split(data)
+        found = split_envelope(data)
         text = data[found[0]:found[1]].rstrip() if found else None
         schema = self._known.get(text) if text is not None else None
         if schema is not None:

@@ -16,7 +16,7 @@ from collections import Counter
 from kdg.mapping.batch_read import BatchReader
 from kdg.mapping.events import TRUNCATE, RecordReader
 from kdg.mapping.fields import UNMAPPED_EVERY, FieldWatch
-from kdg.mapping.sources import parse_json
+from kdg.mapping.sources import parse_json, plain_text, storable
 from kdg.mapping.spec import Mapping
 
 STAGE_PREFIX = (("seq", "integer"), ("idempotency_key", "text"), ("topic", "text"), ("partition", "integer"),
@@ -65,7 +65,7 @@ class RowMaker:
         self.unavailable = 0          # placeholders read, each staged as "keep the column's value"
         self.skipped: Counter = Counter()  # heartbeats and schema-change events read, by kind
         # a batch at a time where the mapping allows (kdg.mapping.batch_read), else record by record
-        self._batch = BatchReader(self._reader, _storable, self._jsonb, _UNAVAILABLE_MARKS) \
+        self._batch = BatchReader(self._reader, self._jsonb, _UNAVAILABLE_MARKS) \
             if BatchReader.able(self._reader) else None
         self.watch = FieldWatch(mapping) if watch else None
         if self.watch is not None and not self.watch.active:
@@ -131,8 +131,7 @@ class RowMaker:
             dead.append((rec, str(exc), key))
             return None
         for i, value in enumerate(values):
-            if value is not None and ("\x00" in value or not value.isascii() or "\\u" in value) \
-                    and not _storable(value, self._jsonb[i]):
+            if value is not None and not plain_text(value) and not storable(value, self._jsonb[i]):
                 dead.append((rec, f"column {self.columns[i].name!r}: Postgres text cannot hold this value "
                                   "(a NUL character or a lone UTF-16 surrogate)", key))
                 return None
@@ -290,27 +289,3 @@ def _decoding(fmt: str, registry, where: str):
     from kdg.schemas.codecs import decoder
 
     return decoder(fmt, None, registry), ("record key: " if where else "")
-
-
-def _storable(text: str, jsonb: bool) -> bool:
-    """Whether Postgres can hold ``text``: no NUL (jsonb: no ``\\u0000`` escape either), valid UTF-8."""
-    if "\x00" in text or (jsonb and "\\u0000" in text and not _only_escaped_backslashes(text)):
-        return False
-    if text.isascii():
-        return True
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        return False
-    return True
-
-
-def _only_escaped_backslashes(text: str) -> bool:
-    """Whether each ``\\u0000`` in JSON ``text`` is an escaped backslash then ``u0000``, never a NUL escape."""
-    i = text.find("\\u0000")
-    while i >= 0:
-        backslashes = len(text[:i]) - len(text[:i].rstrip("\\"))
-        if backslashes % 2 == 0:  # this backslash is not itself escaped: a real \u0000
-            return False
-        i = text.find("\\u0000", i + 1)
-    return True

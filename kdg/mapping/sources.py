@@ -66,10 +66,25 @@ def json_number(text: str) -> JsonNumber:
     return number
 
 
-# numbers with a fraction or exponent keep their text as written; NaN and Infinity (which Python's json allows)
-# are refused
-_loads = json.JSONDecoder(parse_float=json_number, parse_constant=_reject_constant).decode
-_fast_loads = msgspec.json.Decoder(float_hook=json_number).decode
+def json_reader(number, constants: bool = False):
+    """A reader of JSON documents (bytes or str) whose numbers with a fraction or exponent are ``number(text)``:
+    msgspec reads each (a third of the standard library's time); what msgspec refuses is read again by the
+    standard library, whose verdict and words stand. ``constants``: NaN and Infinity (which Python's json
+    allows and msgspec does not) are taken as floats, else refused. RecursionError is the caller's to word."""
+    fast = msgspec.json.Decoder(float_hook=number).decode
+    slow = json.JSONDecoder(parse_float=number, **({} if constants else {"parse_constant": _reject_constant})).decode
+
+    def read(data):
+        try:
+            return fast(data)
+        except (ValueError, RecursionError):
+            pass
+        return slow(data.decode("utf-8") if isinstance(data, bytes) else data)
+    return read
+
+
+# numbers with a fraction or exponent keep their text as written; NaN and Infinity are refused
+_read_json = json_reader(json_number)
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False).encode
 
 
@@ -171,11 +186,7 @@ def parse_json(data: bytes | None):
     if data is None:
         return None
     try:
-        return _fast_loads(data)
-    except (ValueError, RecursionError):
-        pass
-    try:
-        return _loads(data.decode("utf-8") if isinstance(data, bytes) else data)
+        return _read_json(data)
     except RecursionError as exc:
         raise ValueError(f"nested too deeply to read ({exc})") from None
 
@@ -265,3 +276,33 @@ def _json_with_decimals(value) -> str:
     if isinstance(value, list):
         return "[" + ",".join(_json_with_decimals(v) for v in value) + "]"
     return _dumps(value)
+
+
+def plain_text(text: str) -> bool:
+    """The cheap look before :func:`storable`: ASCII without a NUL or a ``\\u`` escape (most texts), which
+    Postgres holds as it is."""
+    return text.isascii() and "\x00" not in text and "\\u" not in text
+
+
+def storable(text: str, jsonb: bool) -> bool:
+    """Whether Postgres can hold ``text``: no NUL (jsonb: no ``\\u0000`` escape either), valid UTF-8."""
+    if "\x00" in text or (jsonb and "\\u0000" in text and not _only_escaped_backslashes(text)):
+        return False
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _only_escaped_backslashes(text: str) -> bool:
+    """Whether each ``\\u0000`` in JSON ``text`` is an escaped backslash then ``u0000``, never a NUL escape."""
+    i = text.find("\\u0000")
+    while i >= 0:
+        backslashes = len(text[:i]) - len(text[:i].rstrip("\\"))
+        if backslashes % 2 == 0:  # this backslash is not itself escaped: a real \u0000
+            return False
+        i = text.find("\\u0000", i + 1)
+    return True
