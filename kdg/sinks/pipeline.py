@@ -8,8 +8,8 @@ consume loop polls and sorts the next batch. Three rules keep every batch exactl
    hold the offset the batch before it stored there. If that batch rolled back, this one matches
    nothing and rolls back too (:class:`~kdg.errors.RetryBatch`); nothing is ever stored past a gap.
 2. **Ordered steps.** A batch claims its keys in ``kdg_dedup`` only after its predecessor claimed
-   its own and wrote its typed tables' rows (it may stage its own typed rows before that: the temp table
-   is its connection's), and touches ``kdg_offsets`` only after its predecessor did (a ``--handler`` runs only
+   its own (a batch with typed tables: only after its predecessor ended, since its statements read the
+   table; it may stage its rows before that, in its connection's own temp table), and touches ``kdg_offsets`` only after its predecessor did (a ``--handler`` runs only
    after its predecessor ended). Row locks then make commits land in submission order, and no
    batch ever waits in Python for one that waits in Postgres for it.
 3. **Outcomes in order.** :meth:`Pipeline.submit` hands back finished batches oldest first; after

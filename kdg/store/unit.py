@@ -96,21 +96,28 @@ class UnitMixin:
         the offsets that account for them move. ``turn``: a pipelined batch's place (:mod:`kdg.sinks.pipeline`).
         ``filtered``: per table, what its transform filtered out, claimed as such under every guarantee
         (:mod:`kdg.store.filtered`)."""
-        return self._run(self._write_unit(parts, group, claim, offsets, fences, expected, handler, dead_letter,
-                                          before_commit, turn, filtered))
+        try:
+            return self._run(self._write_unit(parts, group, claim, offsets, fences, expected, handler, dead_letter,
+                                              before_commit, turn, filtered))
+        except BaseException:
+            # a stage made (and the time zone set) inside the transaction rolled back with it: made again next time
+            self._stages.clear()
+            raise
 
     async def _write_unit(self, parts, group, claim, offsets, fences, expected, handler, dead_letter,
                           before_commit, turn, filtered=None) -> list[PartResult]:
         results, handed = [None] * len(parts), [None] * len(parts)
         async with self.conn.transaction():
             if turn is not None:
-                # a pipelined batch stages its typed parts first: their COPYs overlap the batch before's claims
-                # and writes (each connection has stages of its own); nothing of the table is touched yet
+                # a pipelined batch stages its typed parts first: their COPYs overlap the batch before (each
+                # connection has stages of its own); nothing of the table is touched yet
                 typed = [part for part in parts if part.target is not None]
                 if len({part.stage for part in typed}) == len(typed):
                     for part in typed:
                         await part.stage_rows(self)
-                turn.wait_claims()
+                # a typed write reads its table (a delete's rows, a kept value, a newer row): it must see the
+                # batch before committed, as without a pipeline
+                turn.wait_ended() if typed else turn.wait_claims()
             generic = [i for i, part in enumerate(parts) if part.target is None and claim and part.rows]
             claimed = dict(zip(generic, await self._claim_tables(
                 [(parts[i].table, SinkRows.of(parts[i].rows)) for i in generic]) if generic else []))
