@@ -8,14 +8,19 @@ consume loop polls and sorts the next batch. Three rules keep every batch exactl
    hold the offset the batch before it stored there. If that batch rolled back, this one matches
    nothing and rolls back too (:class:`~kdg.errors.RetryBatch`); nothing is ever stored past a gap.
 2. **Ordered steps.** A batch claims its keys in ``kdg_dedup`` only after its predecessor claimed
-   its own (a batch with typed tables: only after its predecessor ended, since its statements read the
-   table; it may stage its rows before that, in its connection's own temp table), and touches ``kdg_offsets`` only after its predecessor did (a ``--handler`` runs only
-   after its predecessor ended). Row locks then make commits land in submission order, and no
-   batch ever waits in Python for one that waits in Postgres for it.
+   its own, and touches ``kdg_offsets`` only after its predecessor did (a ``--handler`` runs only
+   after its predecessor ended). A batch with typed tables reads them (a delete's rows, a kept value),
+   so it must see its predecessor committed. It stages its rows (in its connection's own temp table),
+   and once its predecessor has written its rows under the pipeline's lock (:attr:`Turn.key`, an advisory
+   lock held to commit), prepares its claims and asks for that lock: Postgres grants it, and runs its
+   next statement, the moment the predecessor commits, with no thread to wake in between. Row locks
+   then make commits land in submission order, and no batch ever waits in Python for one that waits in
+   Postgres for it.
 3. **Outcomes in order.** :meth:`Pipeline.submit` hands back finished batches oldest first; after
    any failure the caller drains the pipeline and reads on from what Postgres stored.
 """
 
+import secrets
 import threading
 import time
 from collections import deque
@@ -29,9 +34,20 @@ from kdg.sinks import Batch, Outcome
 class Turn:
     """A batch's place in line: when it may claim and move offsets, and when its successor may."""
 
-    def __init__(self, before: "Turn | None", overlapping: Callable[[], int]):
-        self._before, self._overlapping = before, overlapping
+    def __init__(self, before: "Turn | None", overlapping: Callable[[], int], key: int = 0):
+        self._before, self._overlapping, self.key = before, overlapping, key
         self._claimed, self._updated, self._ended = threading.Event(), threading.Event(), threading.Event()
+        self._locked = threading.Event()
+
+    def wait_locked(self) -> None:
+        """Before asking for :attr:`key`: the predecessor wrote its rows holding it (Postgres then waits for its
+        commit), or ended."""
+        if self._before is not None:
+            self._before._locked.wait()
+
+    def locked(self) -> None:
+        """Written, holding :attr:`key`: the next batch may ask for it."""
+        self._locked.set()
 
     def wait_claims(self) -> None:
         if self._before is not None:
@@ -58,6 +74,7 @@ class Turn:
     def done(self) -> None:
         """Ended, however: never leave a successor waiting."""
         self._claimed.set()
+        self._locked.set()
         self._updated.set()
         self._ended.set()
         self._before = None  # the chain is freed as it goes
@@ -80,6 +97,7 @@ class Pipeline:
         self._last: Turn | None = None
         self._writing = 0
         self._lock = threading.Lock()
+        self._key = secrets.randbits(63)  # this pipeline's advisory lock (one 64-bit key: not kdg's two-key locks)
 
     @property
     def records_in_flight(self) -> int:
@@ -96,7 +114,7 @@ class Pipeline:
         finished = [self._settle()] if len(self._in_flight) == len(self.stores) else []
         slot = self._submitted % len(self.stores)
         self._submitted += 1
-        turn = self._last = Turn(self._last, self._overlapping)
+        turn = self._last = Turn(self._last, self._overlapping, self._key)
         store = self.stores[slot]
 
         def job():

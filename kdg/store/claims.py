@@ -59,6 +59,13 @@ class Claims:
         :data:`CLAIMED_BEFORE` found none of them claimed)."""
         return not self.outside
 
+    @property
+    def certain(self) -> bool:
+        """Every key is without a time and comes once: once :data:`CLAIMED_BEFORE` found none of them claimed
+        (under the lock :func:`prepare_claims` took, so no other writer can claim one meanwhile), their COPY
+        cannot fail on a key."""
+        return len(self.timeless) == len(self.times) and len(set(self.timeless)) == len(self.timeless)
+
     def rows(self, keyed) -> Iterator[tuple]:
         """Claim rows in :data:`DEDUP_COLUMNS` order, one at a time (COPY encodes each as it comes: a batch's
         rows never all exist twice), from a batch's :class:`SinkRows` (zipped in C) or from
@@ -116,11 +123,18 @@ async def copy_all_claims(conn: asyncpg.Connection, tables: list[tuple[Claims, o
         if claims.timeless and await conn.fetchval(CLAIMED_BEFORE.format(claims=claims.window.sql),
                                                    claims.window.sink_table, claims.timeless):
             return False
+
+    async def copy():
+        for claims, keyed in tables:
+            await conn.copy_records_to_table(claims.window.relation, schema_name=claims.window.schema,
+                                             records=claims.rows(keyed), columns=DEDUP_COLUMNS)
+
+    if all(claims.certain for claims, _ in tables):
+        await copy()  # no savepoint (two round trips a batch): nothing can fail it
+        return True
     try:
         async with conn.transaction():
-            for claims, keyed in tables:
-                await conn.copy_records_to_table(claims.window.relation, schema_name=claims.window.schema,
-                                                 records=claims.rows(keyed), columns=DEDUP_COLUMNS)
+            await copy()
         return True
     except asyncpg.exceptions.UniqueViolationError:
         return False

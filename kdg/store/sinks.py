@@ -13,7 +13,7 @@ from kdg.store.identity import resolve_table
 from kdg.store.owners import follow_new_table
 from kdg.store.rows import GROUP_SINK_COLUMNS, SinkRows
 from kdg.store.tables import inspect_table, prepare_table
-from kdg.store.typed import TypedResult, TypedTarget, write_batch, written_rows
+from kdg.store.typed import TypedResult, TypedTarget, prepare_batch, stage_batch, write_batch, written_rows
 
 
 class SinksMixin:
@@ -115,6 +115,16 @@ class SinksMixin:
 
         return self._run(evolve())
 
+    async def _make_stages(self, targets) -> None:
+        """Each target's temp stage on this connection, made once and outside any transaction (one made inside
+        would be undone by its rollback, and still taken as made); first, ISO times without an offset are UTC,
+        in consume and Spark alike."""
+        for stage, ddl in {t.stage: t.stage_ddl() for t in targets if t.stage not in self._stages}.items():
+            if not self._stages:
+                await self.conn.execute("SET TIME ZONE 'UTC'")
+            await self.conn.execute(ddl)
+            self._stages.add(stage)
+
     def write_typed(self, target: TypedTarget, rows: StagedRows, *, claim: bool, group: str | None = None,
                     topic: str | None = None, next_offsets: dict[int, int] | None = None,
                     fences: dict[int, int] | None = None, dead_letter=None, handler=None,
@@ -130,13 +140,11 @@ class SinksMixin:
 
     async def _write_typed(self, target, rows, claim, group, topic, next_offsets, fences, dead_letter, handler,
                            before_commit) -> TypedResult:
-        if target.stage not in self._stages:  # ISO times without an offset are UTC, in consume and Spark alike
-            await self.conn.execute("SET TIME ZONE 'UTC'")
-            await self.conn.execute(target.stage_ddl())
-            self._stages.add(target.stage)
+        await self._make_stages([target])
         async with self.conn.transaction():
-            window = await self._claim_window(target.mapping.table) if claim else None
-            result = await write_batch(self.conn, target, rows, window=window)
+            await stage_batch(self.conn, target, rows)
+            claims = await prepare_batch(self.conn, await self._claim_window(target.mapping.table), rows) if claim else None
+            result = await write_batch(self.conn, target, rows, claims=claims)
             self.unclaimed += result.outside
             if (rows.dead or result.rejected) and dead_letter is not None:
                 dead_letter(rows.dead, result.rejected)

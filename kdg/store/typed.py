@@ -36,7 +36,7 @@ import asyncpg
 
 from kdg.mapping.rows import STAGE_PREFIX, StagedRows, keepable
 from kdg.mapping.spec import Mapping
-from kdg.store.claims import CLAIM, OUTSIDE, copy_claims, prepare_claims
+from kdg.store.claims import CLAIM, OUTSIDE, Claims, copy_claims, prepare_claims
 from kdg.store.reprocess import again_sql, check_reprocess, reprocess_claim_sql
 from kdg.store.windows import Window
 
@@ -215,18 +215,22 @@ async def stage_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
     await conn.copy_records_to_table(target.stage, records=rows, columns=target.copy_columns)
 
 
+async def prepare_batch(conn: asyncpg.Connection, window: Window, rows: StagedRows) -> Claims | None:
+    """Exactly-once: the claims of ``rows`` (made) prepared in the open transaction (:func:`prepare_claims`),
+    before anything reads the table; None when no row is staged."""
+    return await prepare_claims(conn, window, [key for key, *_ in rows.claims()]) if rows.count else None
+
+
 async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, *,
-                      window: Window | None, staged: bool = False) -> TypedResult:
-    """Stage (unless ``staged``: :func:`stage_batch` did), claim (exactly-once: ``window`` is the table's
-    claim window) and write ``rows``, in the open transaction."""
+                      claims: Claims | None) -> TypedResult:
+    """Claim (exactly-once: ``claims``, prepared by :func:`~kdg.store.claims.prepare_claims`) and write ``rows``,
+    staged by :func:`stage_batch`, in the open transaction."""
     result = TypedResult()
-    if not staged:
-        await stage_batch(conn, target, rows)
     if not rows.count:
         return result
     deleting, duplicate_tombs = target.mapping.on_tombstone == "delete", 0
-    if window is not None:
-        claims = await prepare_claims(conn, window, [key for key, *_ in rows.claims()])
+    if claims is not None:
+        window = claims.window
         result.outside = claims.outside
         if not await copy_claims(conn, claims, rows.claims()):
             if target.reprocess:
@@ -237,7 +241,7 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
             if result.duplicates == rows.count:
                 return result.account(rows, duplicate_tombs, deleting)
     if rows.truncates:
-        await _truncate(conn, target, rows, result, window is not None)
+        await _truncate(conn, target, rows, result, claims is not None)
     keeping = bool(rows.keeps) and target.mapping.mode == "upsert"
     if keeping:
         await conn.execute(_KEEP_DDL)

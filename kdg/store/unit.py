@@ -13,10 +13,11 @@ Mixed into :class:`kdg.store.pg.Store`.
 from dataclasses import dataclass, field
 
 from kdg.settings import TableName
+from kdg.store.claims import Claims
 from kdg.store.filtered import mark_filtered
 from kdg.store.handler import call_handler
 from kdg.store.rows import GROUP_SINK_COLUMNS, SinkRows
-from kdg.store.typed import TypedResult, TypedTarget, stage_batch, write_batch, written_rows
+from kdg.store.typed import TypedResult, TypedTarget, prepare_batch, stage_batch, write_batch, written_rows
 
 
 @dataclass
@@ -41,6 +42,8 @@ class Part:
     rows: object                      # SinkRows | kdg.mapping.rows.StagedRows
     target: TypedTarget | None = None  # None: the generic sink table
     staged: bool = False              # typed: its rows are in its stage already (:meth:`stage_rows`)
+    claims: Claims | None = None      # typed, exactly-once: its claims (:meth:`prepare_claims`; None: no row)
+    prepared: bool = False
 
     @property
     def stage(self) -> str:
@@ -65,24 +68,27 @@ class Part:
                 await conn.copy_records_to_table(self.table.name, schema_name=self.table.schema,
                                                  records=rows.grouped(group), columns=GROUP_SINK_COLUMNS)
             return PartResult(self.table.text, len(rows)), rows.as_list() if keep_written else None
-        window = await store._claim_window(self.target.mapping.table) if claim else None
         if not self.staged:
             await self.stage_rows(store)
-        typed: TypedResult = await write_batch(conn, self.target, self.rows, window=window, staged=True)
+        if claim and not self.prepared:
+            await self.prepare_claims(store)
+        typed: TypedResult = await write_batch(conn, self.target, self.rows, claims=self.claims)
         store.unclaimed += typed.outside
         listed = await written_rows(conn, self.target, self.rows, typed) if keep_written else None
         return PartResult(self.table.text, typed.written, typed.duplicates, typed.superseded, typed.deleted,
                           typed.filtered, typed.rejected, typed.reprocessed), listed
 
-
     async def stage_rows(self, store) -> None:
-        """A typed part's rows into its stage, in the open transaction (its temp table made on first use)."""
-        if self.target.stage not in store._stages:  # ISO times without an offset are UTC, in consume and Spark
-            await store.conn.execute("SET TIME ZONE 'UTC'")
-            await store.conn.execute(self.target.stage_ddl())
-            store._stages.add(self.target.stage)
+        """A typed part's rows into its stage (made by :meth:`~kdg.store.sinks.SinksMixin._make_stages`), in the
+        open transaction."""
         await stage_batch(store.conn, self.target, self.rows)
         self.staged = True
+
+    async def prepare_claims(self, store) -> None:
+        """Exactly-once: a typed part's claims prepared (:func:`~kdg.store.claims.prepare_claims`: its horizon
+        held, its partitions made, the lock for keys without a time taken); nothing of its table is read yet."""
+        self.claims = await prepare_batch(store.conn, await store._claim_window(self.target.mapping.table), self.rows)
+        self.prepared = True
 
 
 class UnitMixin:
@@ -96,28 +102,32 @@ class UnitMixin:
         the offsets that account for them move. ``turn``: a pipelined batch's place (:mod:`kdg.sinks.pipeline`).
         ``filtered``: per table, what its transform filtered out, claimed as such under every guarantee
         (:mod:`kdg.store.filtered`)."""
-        try:
-            return self._run(self._write_unit(parts, group, claim, offsets, fences, expected, handler, dead_letter,
-                                              before_commit, turn, filtered))
-        except BaseException:
-            # a stage made (and the time zone set) inside the transaction rolled back with it: made again next time
-            self._stages.clear()
-            raise
+        return self._run(self._write_unit(parts, group, claim, offsets, fences, expected, handler, dead_letter,
+                                          before_commit, turn, filtered))
 
     async def _write_unit(self, parts, group, claim, offsets, fences, expected, handler, dead_letter,
                           before_commit, turn, filtered=None) -> list[PartResult]:
         results, handed = [None] * len(parts), [None] * len(parts)
+        await self._make_stages([part.target for part in parts if part.target is not None])
         async with self.conn.transaction():
             if turn is not None:
                 # a pipelined batch stages its typed parts first: their COPYs overlap the batch before (each
                 # connection has stages of its own); nothing of the table is touched yet
                 typed = [part for part in parts if part.target is not None]
-                if len({part.stage for part in typed}) == len(typed):
+                early = len({part.stage for part in typed}) == len(typed)
+                if early:
                     for part in typed:
                         await part.stage_rows(self)
-                # a typed write reads its table (a delete's rows, a kept value, a newer row): it must see the
-                # batch before committed, as without a pipeline
-                turn.wait_ended() if typed else turn.wait_claims()
+                if typed:  # it reads its tables (a delete's rows, a kept value): the batch before must have
+                    # committed. Once that batch holds the pipeline's lock (and its claims' locks), this one's
+                    # claims are prepared and the lock asked for: Postgres grants it at that batch's commit
+                    turn.wait_locked()
+                    if early and claim:
+                        for part in typed:
+                            await part.prepare_claims(self)
+                    await self.conn.execute("SELECT pg_advisory_xact_lock($1)", turn.key)
+                else:
+                    turn.wait_claims()
             generic = [i for i, part in enumerate(parts) if part.target is None and claim and part.rows]
             claimed = dict(zip(generic, await self._claim_tables(
                 [(parts[i].table, SinkRows.of(parts[i].rows)) for i in generic]) if generic else []))
@@ -136,6 +146,8 @@ class UnitMixin:
             if filtered:  # with the batch's rows (and claims): a kill cannot keep one and lose the other
                 await mark_filtered(self, filtered, {c.claims.window.relation for c in claimed.values()})
             if turn is not None:
+                if typed:
+                    turn.locked()
                 turn.claimed()
             for i in later:
                 results[i], handed[i] = await parts[i].write(self, group, claim, handler is not None, claimed[i])
