@@ -688,10 +688,14 @@ def test_spark_replay_after_a_partial_consume_writes_each_key_once(kdg, conn, to
     found = rows(conn, table)
     assert [{k: v for k, v in r.items() if k != "idempotency_key"} for r in found] == [
         expected_row(i, v) for i in range(300) for v in (1, 2) if not (v == 2 and i in bad)]
-    assert sorted({int(json.loads(d["value"])["id"]) for d in dead_letters(kdg, topic)}) == sorted(bad)
+    dead = dead_letters(kdg, topic)
+    assert sorted({int(json.loads(d["value"])["id"]) for d in dead}) == sorted(bad)
+    # an audit of -G GROUP counts the dead letters that group wrote; the replay's carry the replay's own group, and
+    # which side refuses which bad row depends on how far the consume's 250 records reached in each partition
+    ours = sum(d["headers"].get("kdg-group") == group for d in dead)
     audit = audited(kdg, topic, "--table", table, "-G", group)
     assert (audit["basis"], audit["processed_unique"], audit["dead_lettered"], audit["lost"], audit["duplicates"]) == (
-        "idempotency_key column and kdg_dedup claims", 600, 2, 0, 0), audit
+        "idempotency_key column and kdg_dedup claims", 600, ours, 0, 0), audit
 
     # the same file with --table and --mode on top: an upsert table ends with each order's last good version
     latest = f"{table}_latest"
