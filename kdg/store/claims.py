@@ -50,6 +50,7 @@ class Claims:
     now: int                       # the time keys without one are claimed at
     times: list[int | None]        # each row's key_ms (None: the key carries no time)
     outside: int = 0               # rows whose key is below the horizon: written without a claim
+    also: bool = False             # the lock :func:`prepare_claims` was asked to take ``also`` is taken
 
     timeless: list[str] = field(default_factory=list)  # the keys without a time (claimed at ``now``)
 
@@ -83,10 +84,12 @@ class Claims:
         return self.window.sink_table, self.now, self.window.horizon_ms
 
 
-async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[str], held: bool = False) -> Claims:
+async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[str], held: bool = False,
+                         also: int | None = None) -> Claims:
     """Inside the batch's transaction: hold the horizon (unless ``held``: :func:`hold_horizons` did, for every
     table of the transaction), make the partitions the keys need, and take the table's lock for keys without a
-    time (their look-up across partitions must not race another's)."""
+    time (their look-up across partitions must not race another's). ``also``: an advisory lock (one 64-bit key:
+    a pipeline's) taken in the same statement as that one, saving a round trip (:attr:`Claims.also` says so)."""
     if not held:
         await hold_horizons(conn, [window])
     claims = Claims(window, now_ms(), keys_ms(keys))
@@ -97,7 +100,12 @@ async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[st
         claims.outside = sum(1 for t in timed if t < horizon)
     await ensure_parts(conn, window, timed + [claims.now] if timeless else timed)
     if timeless:
-        await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _TIMELESS_LOCK, window.relation)
+        if also is None:
+            await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _TIMELESS_LOCK, window.relation)
+        else:
+            await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2)), pg_advisory_xact_lock($3)",
+                               _TIMELESS_LOCK, window.relation, also)
+            claims.also = True
         claims.timeless = [k for k, t in zip(keys, times) if t is None]
     return claims
 

@@ -215,10 +215,11 @@ async def stage_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
     await conn.copy_records_to_table(target.stage, records=rows, columns=target.copy_columns)
 
 
-async def prepare_batch(conn: asyncpg.Connection, window: Window, rows: StagedRows) -> Claims | None:
-    """Exactly-once: the claims of ``rows`` (made) prepared in the open transaction (:func:`prepare_claims`),
-    before anything reads the table; None when no row is staged."""
-    return await prepare_claims(conn, window, [key for key, *_ in rows.claims()]) if rows.count else None
+async def prepare_batch(conn: asyncpg.Connection, window: Window, rows: StagedRows,
+                        also: int | None = None) -> Claims | None:
+    """Exactly-once: the claims of ``rows`` (made) prepared in the open transaction (:func:`prepare_claims`, and
+    its ``also``), before anything reads the table; None when no row is staged."""
+    return await prepare_claims(conn, window, [key for key, *_ in rows.claims()], also=also) if rows.count else None
 
 
 async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, *,

@@ -84,11 +84,13 @@ class Part:
         await stage_batch(store.conn, self.target, self.rows)
         self.staged = True
 
-    async def prepare_claims(self, store) -> None:
+    async def prepare_claims(self, store, also: int | None = None) -> bool:
         """Exactly-once: a typed part's claims prepared (:func:`~kdg.store.claims.prepare_claims`: its horizon
-        held, its partitions made, the lock for keys without a time taken); nothing of its table is read yet."""
-        self.claims = await prepare_batch(store.conn, await store._claim_window(self.target.mapping.table), self.rows)
-        self.prepared = True
+        held, its partitions made, the lock for keys without a time taken, and ``also`` with it); nothing of its
+        table is read yet. Whether ``also`` was taken."""
+        window = await store._claim_window(self.target.mapping.table)
+        self.claims, self.prepared = await prepare_batch(store.conn, window, self.rows, also), True
+        return self.claims is not None and self.claims.also
 
 
 class UnitMixin:
@@ -122,10 +124,12 @@ class UnitMixin:
                     # committed. Once that batch holds the pipeline's lock (and its claims' locks), this one's
                     # claims are prepared and the lock asked for: Postgres grants it at that batch's commit
                     turn.wait_locked()
+                    locked = False  # in the statement that takes a lock for keys without a time, if there is one
                     if early and claim:
                         for part in typed:
-                            await part.prepare_claims(self)
-                    await self.conn.execute("SELECT pg_advisory_xact_lock($1)", turn.key)
+                            locked = await part.prepare_claims(self, None if locked else turn.key) or locked
+                    if not locked:
+                        await self.conn.execute("SELECT pg_advisory_xact_lock($1)", turn.key)
                 else:
                     turn.wait_claims()
             generic = [i for i, part in enumerate(parts) if part.target is None and claim and part.rows]
