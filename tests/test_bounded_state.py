@@ -249,9 +249,11 @@ def test_shortening_a_retention_cuts_the_wide_partitions_made_before(kdg, conn):
             maintained = as_json(kdg("db", "maintain", "--table", "app.t", "--dedup-retention", "10m",
                                      "--ledger-retention", "10m", "--json", env=env))
             assert all(w["narrowed"] >= 1 and not w["skipped"] for w in maintained["windows"]), maintained
-            wide = writer.fetch("SELECT relation, max(hi_ms) AS hi FROM kdg_window_parts WHERE hi_ms - lo_ms > 75000 "
-                                "GROUP BY 1")
-            assert len(wide) == 2 and all(now < r["hi"] <= now + 2 * 75_000 for r in wide), (now, wide)
+            # today's day-wide partition of each relation, cut (its width alone would not tell it from a
+            # 75-second one in the first 75 seconds of a day)
+            day = now - now % 86_400_000
+            cut = writer.fetch("SELECT relation, hi_ms AS hi FROM kdg_window_parts WHERE lo_ms = $1", day)
+            assert len(cut) == 2 and all(now < r["hi"] <= now + 2 * 75_000 for r in cut), (now, cut)
             # every partition's bounds, as Postgres routes rows, are those kdg_window_parts says
             bounds = writer.fetch("""
                 SELECT p.part, pg_get_expr(c.relpartbound, c.oid) AS routed,
