@@ -5,6 +5,7 @@ per test; its contents are read back with SQL, types included. The pure-Python h
 TOML, staged rows) is tests/test_mapping.py.
 """
 
+import asyncio
 import json
 import os
 import signal
@@ -391,6 +392,56 @@ def test_keys_without_a_time_go_in_by_copy_only_when_none_was_claimed_before(con
         # through the SQL claim, only what is new goes in
         assert store.write_claimed(table, "g", [(k, "tp", 0, i, None, b"v", "{}")
                                                 for i, k in enumerate(["t/0/4", "t/0/2", "t/0/5", "t/0/5"])]) == 2
+
+
+def test_claims_copied_before_the_lock_are_taken_back_when_another_transaction_claimed_a_key(conn, table):
+    """A pipelined batch copies its claims in before it holds the lock for keys without a time, and looks them
+    up once it does. Two transactions copy the same key; the first to hold the lock finds it new (the other's
+    COPY is not committed) and commits; the second then finds it claimed, takes its COPY back and claims in
+    SQL: one claim. Without that look-up both claims would stand (each transaction's COPY succeeded)."""
+    import threading
+
+    from kdg.store.claims import copy_all_claims, prepare_claims
+
+    keys = ["t/0/1", "t/0/2"]
+    keyed = [(k, "tp", 0, i) for i, k in enumerate(keys)]
+    first_locked, results = threading.Event(), {}
+
+    async def claim(store, name: str, then=None):
+        async with store.conn.transaction():
+            window = await store._claim_window(identity)
+            claims = await prepare_claims(store.conn, window, keys, early=iter(keyed))
+            mine = await store.conn.fetchval("SELECT count(*) FROM kdg_dedup WHERE sink_table = $1", identity.text)
+            if then is not None:
+                await then(store)
+            results[name] = (claims.early, mine, await copy_all_claims(store.conn, [(claims, keyed)]))
+
+    async def after_the_second_waits(store):
+        first_locked.set()
+        for _ in range(200):  # the second's COPY is in, and it waits for the lock this transaction holds
+            if await store.conn.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted "
+                                         "AND pid = $1", second.conn.get_server_pid()):
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError("the second transaction never waited for the lock")
+
+    with Store(conn.pg_dsn) as first, Store(conn.pg_dsn) as second:
+        identity = first.ensure_sink_table(table)
+        second.ensure_sink_table(table)
+
+        def run_second():
+            first_locked.wait(30)
+            time.sleep(0.01)  # claimed at another millisecond than the first
+            second._run(claim(second, "second"))
+
+        thread = threading.Thread(target=run_second)
+        thread.start()
+        first._run(claim(first, "first", after_the_second_waits))
+        thread.join(60)
+        assert results["first"] == (True, 2, True), results  # its COPY in, found new: kept
+        assert results["second"] == (True, 4, False), results  # its own and the first's (committed by then)
+        claimed = first.fetch("SELECT idempotency_key, key_ms FROM kdg_dedup WHERE sink_table = $1", identity.text)
+        assert sorted(r["idempotency_key"] for r in claimed) == keys and len({r["key_ms"] for r in claimed}) == 1
 
 
 # -- Postgres going away mid-consume ---------------------------------------------------------------

@@ -13,7 +13,9 @@ consume loop polls and sorts the next batch. Three rules keep every batch exactl
    so it must see its predecessor committed. It stages its rows (in its connection's own temp table),
    and once its predecessor has written its rows under the pipeline's lock (:attr:`Turn.key`, an advisory
    lock held to commit), prepares its claims and asks for that lock: Postgres grants it, and runs its
-   next statement, the moment the predecessor commits, with no thread to wake in between. Row locks
+   next statement, the moment the predecessor commits, with no thread to wake in between. (A batch of one
+   typed table lets its successor go on once it has made its claims, and the successor copies its own in
+   before asking for the lock, looking them up once it holds it: that COPY overlaps the upsert before it.) Row locks
    then make commits land in submission order, and no batch ever waits in Python for one that waits in
    Postgres for it.
 3. **Outcomes in order.** :meth:`Pipeline.submit` hands back finished batches oldest first; after
@@ -40,13 +42,14 @@ class Turn:
         self._locked = threading.Event()
 
     def wait_locked(self) -> None:
-        """Before asking for :attr:`key`: the predecessor wrote its rows holding it (Postgres then waits for its
-        commit), or ended."""
+        """Before asking for :attr:`key`: the predecessor wrote its rows (or claimed them, :meth:`locked`) holding
+        it (Postgres then waits for its commit), or ended."""
         if self._before is not None:
             self._before._locked.wait()
 
     def locked(self) -> None:
-        """Written, holding :attr:`key`: the next batch may ask for it."""
+        """Written (a batch of one typed table: claimed), holding :attr:`key`: the next batch may prepare its
+        claims and ask for it."""
         self._locked.set()
 
     def wait_claims(self) -> None:

@@ -38,6 +38,16 @@ OUTSIDE = "coalesce(kdg_key_ms(s.idempotency_key) < $3, false)"
 CLAIMED_BEFORE = """SELECT EXISTS (SELECT 1 FROM {claims} d WHERE d.sink_table = $1
                                   AND d.idempotency_key = ANY($2::text[]))"""
 
+# The same, for keys this transaction copied in already (:attr:`Claims.early`), claimed at $3: a claim of one of
+# them at another time was made by another transaction (at the same time it would have failed that COPY).
+# Two walks of the primary key, each bounded by key_ms (an index condition), so this transaction's own
+# claims, not yet visible to any other, cost no heap visit.
+CLAIMED_ELSEWHERE = """SELECT EXISTS (SELECT 1 FROM {claims} d WHERE d.sink_table = $1
+                                     AND d.idempotency_key = ANY($2::text[]) AND d.key_ms < $3)
+                           OR EXISTS (SELECT 1 FROM {claims} d WHERE d.sink_table = $1
+                                     AND d.idempotency_key = ANY($2::text[]) AND d.key_ms > $3)"""
+EARLY = "kdg_early_claims"  # the savepoint an early COPY of claims goes in under
+
 DEDUP_COLUMNS = ("sink_table", "idempotency_key", "key_ms", "topic", "partition", "offset")  # a claim
 _TIMELESS_LOCK = 0x6B646774  # "kdgt": claims of keys without a time, one transaction at a time per table
 
@@ -51,6 +61,7 @@ class Claims:
     times: list[int | None]        # each row's key_ms (None: the key carries no time)
     outside: int = 0               # rows whose key is below the horizon: written without a claim
     also: bool = False             # the lock :func:`prepare_claims` was asked to take ``also`` is taken
+    early: bool = False            # copied in before the locks, under savepoint :data:`EARLY` (not looked up yet)
 
     timeless: list[str] = field(default_factory=list)  # the keys without a time (claimed at ``now``)
 
@@ -85,11 +96,17 @@ class Claims:
 
 
 async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[str], held: bool = False,
-                         also: int | None = None) -> Claims:
+                         also: int | None = None, early=None) -> Claims:
     """Inside the batch's transaction: hold the horizon (unless ``held``: :func:`hold_horizons` did, for every
     table of the transaction), make the partitions the keys need, and take the table's lock for keys without a
     time (their look-up across partitions must not race another's). ``also``: an advisory lock (one 64-bit key:
-    a pipeline's) taken in the same statement as that one, saving a round trip (:attr:`Claims.also` says so)."""
+    a pipeline's) taken in the same statement as that one, saving a round trip (:attr:`Claims.also` says so).
+
+    ``early``: the claims' ``keyed`` rows (as :meth:`Claims.rows` takes them), copied in *before* the locks when
+    every key is without a time and comes once (:attr:`Claims.certain`), under savepoint :data:`EARLY`: a
+    pipelined batch's COPY then overlaps the batch before's upsert instead of following its commit. Nothing
+    else sees them before this transaction commits; :func:`copy_all_claims` looks the keys up once the lock
+    is held and takes the COPY back if another transaction claimed one (:attr:`Claims.early`)."""
     if not held:
         await hold_horizons(conn, [window])
     claims = Claims(window, now_ms(), keys_ms(keys))
@@ -100,14 +117,33 @@ async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[st
         claims.outside = sum(1 for t in timed if t < horizon)
     await ensure_parts(conn, window, timed + [claims.now] if timeless else timed)
     if timeless:
+        claims.timeless = [k for k, t in zip(keys, times) if t is None]
+        if early is not None and claims.certain:
+            claims.early = await _copy_early(conn, claims, early)
         if also is None:
             await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _TIMELESS_LOCK, window.relation)
         else:
             await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2)), pg_advisory_xact_lock($3)",
                                _TIMELESS_LOCK, window.relation, also)
             claims.also = True
-        claims.timeless = [k for k, t in zip(keys, times) if t is None]
     return claims
+
+
+async def _copy_early(conn: asyncpg.Connection, claims: Claims, keyed) -> bool:
+    """:func:`prepare_claims`'s ``early`` COPY; False (taken back) if a claim at the same time had the same key:
+    one a transaction committed (or, waited for here, before the locks, committed meanwhile)."""
+    await conn.execute(f"SAVEPOINT {EARLY}")
+    try:
+        await _copy(conn, claims, keyed)
+        return True
+    except asyncpg.exceptions.UniqueViolationError:
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {EARLY}")
+        return False
+
+
+async def _copy(conn: asyncpg.Connection, claims: Claims, keyed) -> None:
+    await conn.copy_records_to_table(claims.window.relation, schema_name=claims.window.schema,
+                                     records=claims.rows(keyed), columns=DEDUP_COLUMNS)
 
 
 async def copy_claims(conn: asyncpg.Connection, claims: Claims, keyed) -> bool:
@@ -123,9 +159,19 @@ async def copy_all_claims(conn: asyncpg.Connection, tables: list[tuple[Claims, o
     The common case (every key new) costs one COPY a table instead of an INSERT … SELECT that returns each claim.
     A key with a time claimed before, or twice, has the same primary key and fails the COPY; a key without one
     is claimed at ``now``, so a claim of it made earlier is looked for first (:data:`CLAIMED_BEFORE`, under
-    the lock :func:`prepare_claims` took), and twice in the batch fails the COPY like any other.
+    the lock :func:`prepare_claims` took), and twice in the batch fails the COPY like any other. Claims
+    copied in already (:attr:`Claims.early`) are looked up the same way (:data:`CLAIMED_ELSEWHERE`), and
+    taken back if one was claimed before.
     """
     if not all(claims.fast for claims, _ in tables):
+        return False
+    if any(claims.early for claims, _ in tables):
+        (claims, _), = tables  # (only a batch of one table copies early)
+        if not await conn.fetchval(CLAIMED_ELSEWHERE.format(claims=claims.window.sql), claims.window.sink_table,
+                                   claims.timeless, claims.now):
+            return True
+        await conn.execute(f"ROLLBACK TO SAVEPOINT {EARLY}")
+        claims.early = False
         return False
     for claims, _ in tables:
         if claims.timeless and await conn.fetchval(CLAIMED_BEFORE.format(claims=claims.window.sql),
@@ -134,8 +180,7 @@ async def copy_all_claims(conn: asyncpg.Connection, tables: list[tuple[Claims, o
 
     async def copy():
         for claims, keyed in tables:
-            await conn.copy_records_to_table(claims.window.relation, schema_name=claims.window.schema,
-                                             records=claims.rows(keyed), columns=DEDUP_COLUMNS)
+            await _copy(conn, claims, keyed)
 
     if all(claims.certain for claims, _ in tables):
         await copy()  # no savepoint (two round trips a batch): nothing can fail it

@@ -216,16 +216,21 @@ async def stage_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
 
 
 async def prepare_batch(conn: asyncpg.Connection, window: Window, rows: StagedRows,
-                        also: int | None = None) -> Claims | None:
-    """Exactly-once: the claims of ``rows`` (made) prepared in the open transaction (:func:`prepare_claims`, and
-    its ``also``), before anything reads the table; None when no row is staged."""
-    return await prepare_claims(conn, window, [key for key, *_ in rows.claims()], also=also) if rows.count else None
+                        also: int | None = None, early: bool = False) -> Claims | None:
+    """Exactly-once: the claims of ``rows`` (made) prepared in the open transaction (:func:`prepare_claims`, its
+    ``also``, and ``early``: copied in before the locks where they can be), before anything reads the table;
+    None when no row is staged."""
+    if not rows.count:
+        return None
+    return await prepare_claims(conn, window, [key for key, *_ in rows.claims()], also=also,
+                                early=rows.claims() if early else None)
 
 
 async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, *,
-                      claims: Claims | None) -> TypedResult:
+                      claims: Claims | None, on_claimed=None) -> TypedResult:
     """Claim (exactly-once: ``claims``, prepared by :func:`~kdg.store.claims.prepare_claims`) and write ``rows``,
-    staged by :func:`stage_batch`, in the open transaction."""
+    staged by :func:`stage_batch`, in the open transaction. ``on_claimed()``: called once the claims are made,
+    before the table is written."""
     result = TypedResult()
     if not rows.count:
         return result
@@ -241,6 +246,8 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
                 result.duplicates, duplicate_tombs = await conn.fetchrow(target.claim_sql(window.sql), *claims.args)
             if result.duplicates == rows.count:
                 return result.account(rows, duplicate_tombs, deleting)
+    if on_claimed is not None:
+        on_claimed()
     if rows.truncates:
         await _truncate(conn, target, rows, result, claims is not None)
     keeping = bool(rows.keeps) and target.mapping.mode == "upsert"

@@ -50,10 +50,11 @@ class Part:
         """The temp table this part stages its rows in (``ON COMMIT DELETE ROWS``)."""
         return self.target.stage if self.target is not None else "kdg_stage"
 
-    async def write(self, store, group: str, claim: bool, keep_written: bool, claiming=None) -> tuple[PartResult,
-                                                                                                    list | None]:
+    async def write(self, store, group: str, claim: bool, keep_written: bool, claiming=None,
+                    on_claimed=None) -> tuple[PartResult, list | None]:
         """Write inside the open transaction; the result, and (``keep_written``) the rows a handler is given.
-        ``claiming``: the generic table's claims, made by :meth:`kdg.store.claims.ClaimsMixin._claim_tables`."""
+        ``claiming``: the generic table's claims, made by :meth:`kdg.store.claims.ClaimsMixin._claim_tables`.
+        ``on_claimed()``: typed, called once its claims are made, before its table is written."""
         conn = store.conn
         if self.target is None:
             rows = SinkRows.of(self.rows)
@@ -72,7 +73,8 @@ class Part:
             await self.stage_rows(store)
         if claim and not self.prepared:
             await self.prepare_claims(store)
-        typed: TypedResult = await write_batch(conn, self.target, self.rows, claims=self.claims)
+        typed: TypedResult = await write_batch(conn, self.target, self.rows, claims=self.claims,
+                                               on_claimed=on_claimed)
         store.unclaimed += typed.outside
         listed = await written_rows(conn, self.target, self.rows, typed) if keep_written else None
         return PartResult(self.table.text, typed.written, typed.duplicates, typed.superseded, typed.deleted,
@@ -84,12 +86,13 @@ class Part:
         await stage_batch(store.conn, self.target, self.rows)
         self.staged = True
 
-    async def prepare_claims(self, store, also: int | None = None) -> bool:
+    async def prepare_claims(self, store, also: int | None = None, early: bool = False) -> bool:
         """Exactly-once: a typed part's claims prepared (:func:`~kdg.store.claims.prepare_claims`: its horizon
-        held, its partitions made, the lock for keys without a time taken, and ``also`` with it); nothing of its
-        table is read yet. Whether ``also`` was taken."""
+        held, its partitions made, ``early``: its claims copied in where they can be, then the lock for keys
+        without a time taken, and ``also`` with it); nothing of its table is read yet. Whether ``also`` was
+        taken."""
         window = await store._claim_window(self.target.mapping.table)
-        self.claims, self.prepared = await prepare_batch(store.conn, window, self.rows, also), True
+        self.claims, self.prepared = await prepare_batch(store.conn, window, self.rows, also, early), True
         return self.claims is not None and self.claims.also
 
 
@@ -120,6 +123,12 @@ class UnitMixin:
                 if early:
                     for part in typed:
                         await part.stage_rows(self)
+                # A batch of one typed table, with nothing to do after its rows but move offsets, copies its
+                # claims in before the locks, and lets the next batch do the same once it has claimed: that
+                # COPY then overlaps this batch's upsert. (It only inserts claims, which nothing of this batch
+                # touches after its own; a second table's claims, a handler's SQL or filtered records'
+                # claims could wait on the next batch's new partitions while it waits for this commit.)
+                alone = bool(early and claim and len(parts) == 1 and typed and handler is None and not filtered)
                 if typed:  # it reads its tables (a delete's rows, a kept value): the batch before must have
                     # committed. Once that batch holds the pipeline's lock (and its claims' locks), this one's
                     # claims are prepared and the lock asked for: Postgres grants it at that batch's commit
@@ -127,7 +136,8 @@ class UnitMixin:
                     locked = False  # in the statement that takes a lock for keys without a time, if there is one
                     if early and claim:
                         for part in typed:
-                            locked = await part.prepare_claims(self, None if locked else turn.key) or locked
+                            locked = await part.prepare_claims(self, None if locked else turn.key,
+                                                               alone) or locked
                     if not locked:
                         await self.conn.execute("SELECT pg_advisory_xact_lock($1)", turn.key)
                 else:
@@ -144,7 +154,8 @@ class UnitMixin:
                 if part.stage in staged:  # an earlier part of this transaction left its rows there
                     await self.conn.execute(f"DELETE FROM {part.stage}")
                 staged.add(part.stage)
-                results[i], handed[i] = await part.write(self, group, claim, handler is not None, claimed.get(i))
+                results[i], handed[i] = await part.write(self, group, claim, handler is not None, claimed.get(i),
+                                                         turn.locked if turn is not None and alone else None)
                 if dead_letter is not None:
                     dead_letter(part, results[i])
             if filtered:  # with the batch's rows (and claims): a kill cannot keep one and lose the other
