@@ -15,9 +15,9 @@ consume loop polls and sorts the next batch. Three rules keep every batch exactl
    lock held to commit), prepares its claims and asks for that lock: Postgres grants it, and runs its
    next statement, the moment the predecessor commits, with no thread to wake in between. (A batch of one
    typed table lets its successor go on once it has made its claims, and the successor copies its own in
-   before asking for the lock, looking them up once it holds it: that COPY overlaps the upsert before it.) Row locks
-   then make commits land in submission order, and no batch ever waits in Python for one that waits in
-   Postgres for it.
+   before asking for the lock, looking them up once it holds it: that COPY overlaps the upsert before it.)
+   Row locks then make commits land in submission order, and no batch ever waits in Python for one that
+   waits in Postgres for it.
 3. **Outcomes in order.** :meth:`Pipeline.submit` hands back finished batches oldest first; after
    any failure the caller drains the pipeline and reads on from what Postgres stored.
 """

@@ -143,7 +143,9 @@ class SinksMixin:
         await self._make_stages([target])
         async with self.conn.transaction():
             await stage_batch(self.conn, target, rows)
-            claims = await prepare_batch(self.conn, await self._claim_window(target.mapping.table), rows) if claim else None
+            claims = None
+            if claim:
+                claims = await prepare_batch(self.conn, await self._claim_window(target.mapping.table), rows)
             result = await write_batch(self.conn, target, rows, claims=claims)
             self.unclaimed += result.outside
             if (rows.dead or result.rejected) and dead_letter is not None:

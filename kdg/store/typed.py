@@ -222,7 +222,7 @@ async def prepare_batch(conn: asyncpg.Connection, window: Window, rows: StagedRo
     None when no row is staged."""
     if not rows.count:
         return None
-    return await prepare_claims(conn, window, [key for key, *_ in rows.claims()], also=also,
+    return await prepare_claims(conn, window, rows.claim_keys(), also=also,
                                 early=rows.claims() if early else None)
 
 

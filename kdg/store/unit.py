@@ -43,7 +43,6 @@ class Part:
     target: TypedTarget | None = None  # None: the generic sink table
     staged: bool = False              # typed: its rows are in its stage already (:meth:`stage_rows`)
     claims: Claims | None = None      # typed, exactly-once: its claims (:meth:`prepare_claims`; None: no row)
-    prepared: bool = False
 
     @property
     def stage(self) -> str:
@@ -71,7 +70,7 @@ class Part:
             return PartResult(self.table.text, len(rows)), rows.as_list() if keep_written else None
         if not self.staged:
             await self.stage_rows(store)
-        if claim and not self.prepared:
+        if claim and self.claims is None:  # (prepared already by a pipelined batch, unless it has no row)
             await self.prepare_claims(store)
         typed: TypedResult = await write_batch(conn, self.target, self.rows, claims=self.claims,
                                                on_claimed=on_claimed)
@@ -92,7 +91,7 @@ class Part:
         without a time taken, and ``also`` with it); nothing of its table is read yet. Whether ``also`` was
         taken."""
         window = await store._claim_window(self.target.mapping.table)
-        self.claims, self.prepared = await prepare_batch(store.conn, window, self.rows, also, early), True
+        self.claims = await prepare_batch(store.conn, window, self.rows, also, early)
         return self.claims is not None and self.claims.also
 
 
@@ -113,6 +112,7 @@ class UnitMixin:
     async def _write_unit(self, parts, group, claim, offsets, fences, expected, handler, dead_letter,
                           before_commit, turn, filtered=None) -> list[PartResult]:
         results, handed = [None] * len(parts), [None] * len(parts)
+        alone = False  # a pipelined batch of one typed table, whose claims go in early (below)
         await self._make_stages([part.target for part in parts if part.target is not None])
         async with self.conn.transaction():
             if turn is not None:
@@ -155,7 +155,7 @@ class UnitMixin:
                     await self.conn.execute(f"DELETE FROM {part.stage}")
                 staged.add(part.stage)
                 results[i], handed[i] = await part.write(self, group, claim, handler is not None, claimed.get(i),
-                                                         turn.locked if turn is not None and alone else None)
+                                                         turn.locked if alone else None)
                 if dead_letter is not None:
                     dead_letter(part, results[i])
             if filtered:  # with the batch's rows (and claims): a kill cannot keep one and lose the other
