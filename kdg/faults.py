@@ -9,6 +9,7 @@ to crash a consumer at an exact place in its loop, as a power cut would.
 
 import os
 import signal
+import threading
 
 from kdg.errors import UsageError
 
@@ -52,4 +53,9 @@ def reach(point: str) -> None:
         return
     _hits[point] = _hits.get(point, 0) + 1
     if _hits[point] == armed[1]:
-        os.kill(os.getpid(), armed[2])
+        if armed[2] == signal.SIGTERM:  # an orchestrator's stop: to the process, handled on the main thread
+            os.kill(os.getpid(), armed[2])
+        else:  # to this thread, which then stops (or dies) before its next step. Sent to the process, the
+            # signal wakes the main thread to act on it, and this thread (a connection's, say) can run on
+            # meanwhile: it was seen to send the COMMIT it was stopped before
+            signal.pthread_kill(threading.get_ident(), armed[2])
