@@ -65,3 +65,35 @@ def test_the_audit_still_calls_skipped_records_lost(kdg, topic, group):
     kdg(*args)
     audit = audited(kdg, topic, "-G", group)
     assert audit["lost"] == 500 and audit["pending"] == 0 and not audit["balanced"]
+
+
+def test_a_partition_read_again_is_not_at_its_end_until_read_to_it_again(kdg, conn, topic, group):
+    """A batch read again (its write failed: a lost connection, a fenced batch) seeks its partitions back. `-e`
+    must then read them to their end again: had the end seen before stood, the run stopped with the batch
+    unwritten and said "end of topic"."""
+    from kdg.guarantees import policy_for
+    from kdg.kafka.consumer import KdgConsumer, StartOffset
+
+    kdg("produce", topic, "-g", "at-least-once", "--count", 60)
+    consumer = KdgConsumer(policy_for("at-least-once"), conn.bootstrap_servers, group, start=StartOffset("beginning"),
+                           eof=True)
+    consumer.subscribe([topic], lambda partitions: partitions, lambda partitions: None)
+
+    def read_to_end() -> list:
+        got, deadline = [], time.monotonic() + 60
+        while not (consumer.assigned and consumer.held_at_end()) and time.monotonic() < deadline:
+            got += consumer.poll_batch(100, 0.2)
+        assert consumer.assigned and consumer.held_at_end(), "never read to the end"
+        return got
+
+    try:
+        first = read_to_end()
+        assert len(first) == 60
+        again = first[0]
+        consumer.seek(again.topic(), again.partition(), 0)
+        assert not consumer.held_at_end()
+        reread = read_to_end()
+        assert sorted(m.offset() for m in reread) == sorted(m.offset() for m in first
+                                                             if m.partition() == again.partition())
+    finally:
+        consumer.close()

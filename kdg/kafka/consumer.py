@@ -242,7 +242,10 @@ class KdgConsumer:
                 pass
 
     def seek(self, topic: str, partition: int, offset: int) -> None:
+        """Read ``partition`` again from ``offset`` (held partitions only). It is no longer at its end: a batch
+        read again after a lost connection is read before ``-e`` can see the end it saw before."""
         if (topic, partition) in self.assigned:
+            self.eof_partitions.discard((topic, partition))
             try:
                 self._consumer.seek(TopicPartition(topic, partition, offset))
             except KafkaException:
