@@ -318,7 +318,6 @@ def _loop(req, policy, keys, consumer, offsets, sink, end, report, metrics) -> N
                 req.notice(f"warning: {note}")
             _schema_changes(req, sink, report, metrics)
             _field_notes(req, sink, report, metrics)
-            _cdc_counts(req, sink, report)
             stop = _stop_reason(req, got, end, report, last_data, sink.records_in_flight)
             if stop and sink.records_in_flight:  # decide on what is written, not on what is being written
                 _settle(sink.drain(), req, offsets, sink, report, metrics)
@@ -369,14 +368,11 @@ def _schema_changes(req, sink, report, metrics) -> None:
         metrics.schema_changed(change["table"], change["change"].split(" (")[0])
 
 
-def _cdc_counts(req, sink, report) -> None:
-    """Debezium's placeholders read and its heartbeats and schema-change events skipped, into the report; each
-    kind said the first time it is met."""
-    found = sink.cdc_counts() if hasattr(sink, "cdc_counts") else None
-    if not found:
-        return
+def _cdc_counts(req, events: Counter, report) -> None:
+    """A committed batch's Debezium placeholders read and heartbeats and schema-change events skipped
+    (``events``: ``(table or topic, kind) → n``), into the report; each kind said the first time it is met."""
     totals, where = Counter(), {}
-    for (place, kind), n in found.items():
+    for (place, kind), n in events.items():
         totals[kind] += n
         where.setdefault(kind, []).append(place)
     if totals["unavailable"] and not report.unavailable_values:
@@ -385,8 +381,8 @@ def _cdc_counts(req, sink, report) -> None:
     for kind in sorted(set(totals) - {"unavailable"} - set(report.skipped_events)):
         req.notice(f"{', '.join(where[kind])}: Debezium {kind} events skipped (no rows' changes; counted in "
                    "skipped_events)")
-    report.unavailable_values = totals.pop("unavailable", 0)
-    report.skipped_events = dict(totals)
+    report.unavailable_values += totals.pop("unavailable", 0)
+    report.skipped_events = dict(Counter(report.skipped_events) + totals)
 
 
 def _stop_reason(req, got: bool, end, report, last_data: float, in_flight: int) -> str | None:
@@ -465,6 +461,8 @@ def _account(batch, result, req, report) -> None:
     dead_before = report.dead_lettered
     report.dead_lettered += len(batch.dead) + result.dead_lettered
     report.probes_skipped += len(batch.probes)
+    if result.events:
+        _cdc_counts(req, result.events, report)
     for table, part in result.tables.items():  # per table: where its rows ended
         report.reprocessed += getattr(part, "reprocessed", 0)
         entry = report.tables.setdefault(table, _table_entry())

@@ -417,22 +417,27 @@ def heartbeat_topic(prefix: str, heartbeat_prefix: str = HEARTBEAT_PREFIX) -> st
     return f"{heartbeat_prefix}.{prefix}"
 
 
+def heartbeats(prefix: str, count: int) -> list[tuple[bytes, bytes]]:
+    """``count`` heartbeats as Debezium writes them, ``(key, value)`` (JsonConverter, schemas on: the key names
+    the connector's server, the value holds ``ts_ms`` alone)."""
+    key = _dumps({"schema": _struct("io.debezium.connector.common.ServerNameKey",
+                                    [_plain("serverName", "string")], optional=False),
+                  "payload": {"serverName": prefix}})
+    schema = _struct("io.debezium.connector.common.Heartbeat", [_plain("ts_ms", "int64")], optional=False)
+    return [(key, _dumps({"schema": schema, "payload": {"ts_ms": START_MS + n * 10_000}})) for n in range(count)]
+
+
 def produce_heartbeats(bootstrap: str, prefix: str, count: int, heartbeat_prefix: str = HEARTBEAT_PREFIX) -> str:
-    """``count`` heartbeats as Debezium writes them (JsonConverter, schemas on: the key names the connector's
-    server, the value holds ``ts_ms`` alone) to the heartbeat topic, which this returns."""
+    """``count`` :func:`heartbeats` to the heartbeat topic, which this returns."""
     from confluent_kafka import Producer
 
     from kdg.kafka.admin import ensure_topic
 
     topic = heartbeat_topic(prefix, heartbeat_prefix)
     ensure_topic(bootstrap, topic, partitions=1)
-    key = _dumps({"schema": _struct("io.debezium.connector.common.ServerNameKey",
-                                    [_plain("serverName", "string")], optional=False),
-                  "payload": {"serverName": prefix}})
-    schema = _struct("io.debezium.connector.common.Heartbeat", [_plain("ts_ms", "int64")], optional=False)
     producer = Producer({"bootstrap.servers": bootstrap, "enable.idempotence": True})
-    for n in range(count):
-        producer.produce(topic, _dumps({"schema": schema, "payload": {"ts_ms": START_MS + n * 10_000}}), key)
+    for key, value in heartbeats(prefix, count):
+        producer.produce(topic, value, key)
     if producer.flush(30):
         raise RuntimeError("cdc_source: heartbeats not delivered")
     return topic

@@ -142,8 +142,9 @@ def _both_cdc(records, columns=CDC):
     slow = RowMaker(build_mapping(columns=columns, table="t", envelope="debezium", key=("id",)), truncates=True)
     slow._batch = None
     took = fast._batch is not None and fast._batch.rows(records) is not None
-    made = [(fast.rows(records), fast.unavailable, fast.skipped), (slow.rows(records), slow.unavailable, slow.skipped)]
-    shown = [((rows, [(r.offset, why) for r, why, _ in dead]), kept, skipped) for (rows, dead), kept, skipped in made]
+    made = [fast.staged(records), slow.staged(records)]
+    shown = [((list(staged), [(r.offset, why) for r, why, _ in staged.dead]), staged.keeps, staged.skipped)
+             for staged in made]
     assert shown[0] == shown[1]
     return shown[0][0][0], took
 

@@ -147,3 +147,55 @@ def test_a_field_new_to_the_table_adds_its_column_mid_stream(kdg, conn, group, t
     plain.write_text(pipeline.read_text().replace('evolve = "add-columns"\n', "").replace(table, f"{table}_fixed"))
     seen = kdg("consume", "--pipeline", plain, "-G", f"{group}-fixed", "-e", "--batch-size", 100)
     assert "column loyalty_tier text not followed (evolve = none" in seen.stderr, seen.stderr
+
+
+def test_a_batch_read_again_after_its_connection_was_cut_counts_its_debezium_events_once(kdg_spawn, conn, group, tmp_path):
+    """Debezium's heartbeats and unavailable-value placeholders are counted where their batch is accounted for,
+    not where it is read: the consumer is stopped inside its first transaction, its Postgres connections are
+    terminated (as an administrator's pg_terminate_backend or a failover would), and once resumed it reads the
+    batch again. The report counts each heartbeat and each placeholder once."""
+    from kdg.mapping.rows import UNAVAILABLE, UNAVAILABLE_B64
+    from kdg.stack import procs
+
+    prefix = f"cut{uuid.uuid4().hex[:6]}"
+    topic = cdc_source.topic_of(prefix, "customers")
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    events = [(key, value) for table, key, value in cdc_source.generate(11, per_table=60, toast=True)
+              if table == "customers"]
+    # first in the only partition: the heartbeats are in the batch whose transaction is cut
+    records = cdc_source.heartbeats(prefix, 5) + events
+    producer = Producer({"bootstrap.servers": conn.bootstrap_servers, "enable.idempotence": True})
+    for key, value in records:
+        producer.produce(topic, value, key)
+    assert producer.flush(30) == 0
+    afters = [json.loads(value)["payload"]["after"] for _, value in events if value is not None]
+    placeholders = sum(v in (UNAVAILABLE, UNAVAILABLE_B64) for after in afters if after for v in after.values())
+    assert placeholders > 0
+    mapping = cdc_source.mapping_toml("customers", f"{prefix}_customers") + \
+        'bio = { type = "text", from = "json:bio" }\navatar = { type = "bytea", from = "json:avatar" }\n'
+    path = tmp_path / "customers.toml"
+    path.write_text(mapping)
+    proc = kdg_spawn("consume", topic, "-G", group, "-g", "exactly-once", "--mapping", path, "--id-from", "offset", "-o", "beginning",
+                     "-e", "--json", env={"KDG_FAULT": "inside-pg-transaction@1:stop"})
+    try:
+        deadline = time.monotonic() + 120
+        while procs.process_state(proc.pid) != "T" and proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert procs.process_state(proc.pid) == "T", \
+            f"the consumer never reached its first transaction: {proc.poll()}, {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}"
+        with Store(conn.pg_dsn) as store:  # its connections name it: application_name kdg[PID]
+            cut = store.fetch("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
+                              f"kdg[{proc.pid}]")
+        assert cut and all(r[0] for r in cut), cut
+        proc.send_signal(signal.SIGCONT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err[-3000:]
+    report = json.loads(out)
+    assert report["pg_outages"] == 1 and "Postgres is back" in err, (report, err[-2000:])  # read again
+    assert report["consumed"] == len(records) and report["dead_lettered"] == 0, report
+    assert report["skipped_events"] == {"heartbeat": 5}, report
+    assert report["unavailable_values"] == placeholders, (report, placeholders)

@@ -104,7 +104,7 @@ def test_a_placeholder_is_staged_null_and_listed_so_its_column_keeps_its_value()
         _event("d", before={"id": 1, "bio": UNAVAILABLE}),
     ])
     assert rows[0][6:] == ("1", None, None, None, None) and rows[1][6:] == ("1", "b", "kept", "AAE=", '["x"]')
-    assert staged.keeps == [(0, 2), (0, 3), (0, 4)] and maker.unavailable == 3
+    assert staged.keeps == [(0, 2), (0, 3), (0, 4)]
     assert UNAVAILABLE_B64 == base64.b64encode(UNAVAILABLE.encode()).decode()
 
 
@@ -142,7 +142,7 @@ def test_heartbeats_and_schema_change_events_are_skipped_and_counted_never_dead_
                (_rec(b'{"ts_ms": 5}', None, topic="shop.public.customers", offset=3), "k3")]  # no op, not a heartbeat
     staged = maker.staged(records)
     assert list(staged) == [] and [d[2] for d in staged.dead] == ["k3"]
-    assert staged.skipped == {"heartbeat": 2, "schema change": 1} == maker.skipped
+    assert staged.skipped == {"heartbeat": 2, "schema change": 1}
     assert list(staged.claims()) == []
     assert TypedResult().account(staged, 0, deleting=True).filtered == 3
 

@@ -62,8 +62,6 @@ class RowMaker:
             NOT_APPLIED_REASON if mapping.on_truncate == "apply" else TRUNCATE_REASON
         self._blank = (None,) * len(mapping.columns)
         self._fields = [(i, mapping.columns[i].source.path[0]) for i in keepable(mapping)]
-        self.unavailable = 0          # placeholders read, each staged as "keep the column's value"
-        self.skipped: Counter = Counter()  # heartbeats and schema-change events read, by kind
         # a batch at a time where the mapping allows (kdg.mapping.batch_read), else record by record
         self._batch = BatchReader(self._reader, self._jsonb, _UNAVAILABLE_MARKS) \
             if BatchReader.able(self._reader) else None
@@ -152,7 +150,6 @@ class RowMaker:
         letter; a heartbeat or schema-change event counted, and no row."""
         if control != TRUNCATE:
             staged.skipped[control] += 1
-            self.skipped[control] += 1
             return None
         if self._truncate is not None:
             staged.dead.append((rec, self._truncate, key))
@@ -170,7 +167,6 @@ class RowMaker:
                     or found == _UNAVAILABLE_MARKS[0]:  # (a decoded Avro bytes field: the placeholder's bytes)
                 values[i] = None
                 staged.keeps.append((seq, i))
-                self.unavailable += 1
 
 
 def keepable(mapping: Mapping) -> list[int]:

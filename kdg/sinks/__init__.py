@@ -80,6 +80,8 @@ class WriteResult:
     filtered: int = 0       # left out on purpose (a tombstone under on_tombstone = ignore)
     dead_reasons: Counter = field(default_factory=Counter)  # the sink's own dead letters, by reason class
     tables: dict = field(default_factory=dict)  # table → its share (kdg.store.unit.PartResult): a routed batch
+    events: Counter = field(default_factory=Counter)  # (table or topic, kind): Debezium's heartbeats and schema-
+    # change events skipped, and its placeholders read (kind "unavailable"), in this batch
 
 
 def parse_sink(spec: str) -> tuple[str, str | None]:

@@ -62,7 +62,6 @@ class PostgresSink(Sink):
         self._sources: dict[str, object] = {}  # per route of a {source.*} template: a reader of its events
         self._registry_client = None  # from-schema routes' registry schemas (kdg.schemas.registry.Registry)
         self.schema_changes: list[dict] = []  # columns evolve = add-columns added, said as they are
-        self.skipped: Counter = Counter()  # (topic, kind): Debezium heartbeats and schema-change events no table took
         self.windows: list = []  # exactly-once: the tables' claim windows, maintained from here (keep_window)
         self.partitions_dropped = 0
         self._maintain_at, self._maintain_every = 0.0, 300.0
@@ -249,17 +248,6 @@ class PostgresSink(Sink):
         return [(w.table, note) for w in self.writers.values() if w.rows is not None and w.rows.watch is not None
                 for note in w.rows.watch.news()]
 
-    def cdc_counts(self) -> dict[tuple[str, str], int]:
-        """Debezium's heartbeats and schema-change events skipped, by (table or topic, kind), and each table's
-        unavailable-value placeholders (kind ``unavailable``), so far."""
-        counts = Counter(self.skipped)
-        for w in self.writers.values():
-            if w.rows is not None:
-                counts.update({(w.table.text, kind): n for kind, n in w.rows.skipped.items()})
-                if w.rows.unavailable:
-                    counts[w.table.text, "unavailable"] += w.rows.unavailable
-        return dict(counts)
-
     def _control(self, rec) -> str | None:
         """What a record no table took is, if a Debezium heartbeat or schema-change event."""
         route = self.router.route(rec.topic)
@@ -335,7 +323,7 @@ class PostgresSink(Sink):
             return super().submit(batch, atomic=atomic)
         # typed rows are made here, on this thread (the row makers are this thread's); the connection's thread
         # only copies them
-        parts, unrouted, unnamed = self._parts(batch, made=True)
+        parts, unrouted, unnamed, events = self._parts(batch, made=True)
         unreadable = [d for part, _ in parts if part.target is not None for d in part.rows.dead]
         filtered = self._filtered(batch)
         # durable before the rows and offsets that account for them commit
@@ -351,7 +339,7 @@ class PostgresSink(Sink):
                                     expected=expected, handler=self.handler, before_commit=_at_commit(True),
                                     dead_letter=self._dead_letter(parts, dead, made=True), turn=turn,
                                     filtered=filtered)
-            return _result(done, dead, unrouted)
+            return _result(done, dead, unrouted, events)
 
         return self._finished(self.pipeline.submit(batch, write))
 
@@ -371,7 +359,7 @@ class PostgresSink(Sink):
         return outcomes
 
     def write(self, batch: Batch, *, atomic: bool) -> WriteResult:
-        parts, unrouted, unnamed = self._parts(batch)
+        parts, unrouted, unnamed, events = self._parts(batch)
         self.dlq.send(batch.dead + unnamed)  # durable before the rows and offsets that account for them commit
         dead: list = list(unnamed)
         offsets = dict(batch.next_offsets) if atomic else None
@@ -380,7 +368,7 @@ class PostgresSink(Sink):
             fences={tp: self.fences.get(tp, -1) for tp in offsets or ()}, handler=self.handler,
             dead_letter=self._dead_letter(parts, dead), before_commit=_at_commit(atomic),
             filtered=self._filtered(batch))
-        return _result(done, dead, unrouted)
+        return _result(done, dead, unrouted, events)
 
     def _dead_letter(self, parts: list[tuple[Part, list]], dead: list, made: bool = False):
         """``write_unit``'s ``dead_letter(part, result)``, run inside the transaction (so durable before it
@@ -395,15 +383,16 @@ class PostgresSink(Sink):
                 dead.extend(found)
         return dead_letter
 
-    def _parts(self, batch: Batch, made: bool = False) -> tuple[list[tuple[Part, list]], int, list]:
+    def _parts(self, batch: Batch, made: bool = False) -> tuple[list[tuple[Part, list]], int, list, Counter]:
         """The batch split by table: ``(part, its records)`` each; and the records no table could take yet,
         their table named by their topic's events and none read so far naming it: the tombstones among them
-        are counted filtered (nothing to write), the others are dead letters with the reason. ``made``: typed
-        rows are made now (kept for the COPY), not as the COPY reads them."""
+        are counted filtered (nothing to write), the others are dead letters with the reason; and, of those,
+        Debezium's heartbeats and schema-change events by ``(topic, kind)``. ``made``: typed rows are made now
+        (kept for the COPY), not as the COPY reads them."""
         if batch.rows is not None:  # one poll, sorted per batch: the generic table's rows (kdg.batching)
-            return self._row_parts(batch.rows), 0, []
+            return self._row_parts(batch.rows), 0, [], Counter()
         groups: dict[int, tuple[TableWriter, list]] = {}  # by writer: one per table
-        unrouted, unnamed = 0, []
+        unrouted, unnamed, events = 0, [], Counter()
         last = entry = None  # a batch comes in runs of one topic: its table is looked up once a run
         for pair in batch.records:
             rec = pair[0]
@@ -417,7 +406,7 @@ class PostgresSink(Sink):
                 if pair[0].value is None or control in ("heartbeat", "schema change"):
                     unrouted += 1
                     if control is not None:
-                        self.skipped[rec.topic, control] += 1
+                        events[rec.topic, control] += 1
                 else:
                     unnamed.append((pair[0], UNROUTED_REASON, pair[1]))
                 continue
@@ -446,7 +435,7 @@ class PostgresSink(Sink):
                 if made:
                     staged.make()
                 parts.append((Part(writer.table, staged, writer.target), records))
-        return parts, unrouted, unnamed
+        return parts, unrouted, unnamed, events
 
     def _filtered(self, batch: Batch) -> list[tuple]:
         """Per table, ``(table, [(key, topic, partition, offset), …])`` of what its route's transform filtered out."""
@@ -515,9 +504,10 @@ def _take(columns: list[list], spans: list[tuple[int, int]]) -> list[list]:
     return [list(chain.from_iterable(col[start:end] for start, end in spans)) for col in columns]
 
 
-def _result(done: list, dead: list, unrouted: int) -> WriteResult:
-    """The parts' results as one; the per-table counts kept in ``tables``."""
-    result = WriteResult(filtered=unrouted, dead_lettered=len(dead), dead_reasons=tally(dead))
+def _result(done: list, dead: list, unrouted: int, events: Counter) -> WriteResult:
+    """The parts' results as one; the per-table counts kept in ``tables``, the Debezium events of the batch's
+    tables and of ``events`` (those no table took) in ``events``."""
+    result = WriteResult(filtered=unrouted, dead_lettered=len(dead), dead_reasons=tally(dead), events=events)
     for part in done:
         result.written += part.written
         result.duplicates_suppressed += part.duplicates
@@ -525,6 +515,7 @@ def _result(done: list, dead: list, unrouted: int) -> WriteResult:
         result.deleted += part.deleted
         result.filtered += part.filtered
         result.tables[part.table] = part
+        result.events.update({(part.table, kind): n for kind, n in part.events.items()})
     return result
 
 

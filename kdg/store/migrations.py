@@ -5,6 +5,7 @@ connection closes, so two processes migrating the same database never race.
 """
 
 import asyncio
+import os
 import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
@@ -73,9 +74,13 @@ def migration_files() -> list[Traversable]:
 
 
 async def connect(dsn: str, timeout: float = 10) -> asyncpg.Connection:
-    """An asyncpg connection; a DSN asyncpg refuses is a usage error, an unreachable server ConnectionFailed."""
+    """An asyncpg connection; a DSN asyncpg refuses is a usage error, an unreachable server ConnectionFailed.
+    Unless the DSN names one, its ``application_name`` is ``kdg[PID]``: ``pg_stat_activity`` says which process
+    holds it."""
+    named = "application_name" in dsn
     try:
-        return await asyncpg.connect(dsn, timeout=timeout)
+        return await asyncpg.connect(dsn, timeout=timeout,
+                                     server_settings=None if named else {"application_name": f"kdg[{os.getpid()}]"})
     except asyncpg.exceptions.ClientConfigurationError as exc:
         raise UsageError(f"--pg-dsn {redact_dsn(dsn)}: {exc}") from None
     except asyncpg.exceptions.InvalidAuthorizationSpecificationError as exc:  # class 28: role, password, pg_hba

@@ -10,6 +10,7 @@ A kill anywhere inside leaves every table and every offset as they were.
 Mixed into :class:`kdg.store.pg.Store`.
 """
 
+from collections import Counter
 from dataclasses import dataclass, field
 
 from kdg.settings import TableName
@@ -32,6 +33,8 @@ class PartResult:
     filtered: int = 0
     rejected: list = field(default_factory=list)  # typed: (seq, sqlstate, message) of rows Postgres refused
     reprocessed: int = 0              # typed, --reprocess: rows claimed before, applied again (written or superseded)
+    events: Counter = field(default_factory=Counter)  # typed: Debezium's skipped events by kind, and its
+    # placeholders ("unavailable"), of the batch this result accounts for (a batch read again counts anew)
 
 
 @dataclass
@@ -76,8 +79,11 @@ class Part:
                                                on_claimed=on_claimed)
         store.unclaimed += typed.outside
         listed = await written_rows(conn, self.target, self.rows, typed) if keep_written else None
+        events = Counter(self.rows.skipped)
+        if self.rows.keeps:
+            events["unavailable"] = len(self.rows.keeps)
         return PartResult(self.table.text, typed.written, typed.duplicates, typed.superseded, typed.deleted,
-                          typed.filtered, typed.rejected, typed.reprocessed), listed
+                          typed.filtered, typed.rejected, typed.reprocessed, events), listed
 
     async def stage_rows(self, store) -> None:
         """A typed part's rows into its stage (made by :meth:`~kdg.store.sinks.SinksMixin._make_stages`), in the
