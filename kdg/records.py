@@ -7,7 +7,8 @@ import secrets
 import string
 import struct
 import time
-from dataclasses import dataclass, field
+
+import msgspec
 
 from kdg.errors import UsageError
 
@@ -155,13 +156,14 @@ def id_maker(template: str | None):
 _INTEGER_SPEC = re.compile(r"^(?:.?[<>=^])?[+\- ]?#?0?\d*[,_]?[bdoxXn]?$")
 
 
-@dataclass(slots=True)
-class Record:
-    """A record as kdg moves it; ``headers`` keeps order and allows repeats, as Kafka does."""
+class Record(msgspec.Struct, gc=False):
+    """A record as kdg moves it; ``headers`` keeps order and allows repeats, as Kafka does. A struct made in C
+    (0.24 µs against a slotted dataclass's 0.63: the consumer makes one per record), never tracked by the
+    garbage collector: it holds bytes, text, numbers, header pairs and a transform's decoded row, never itself."""
 
     value: bytes | None
     key: bytes | None = None
-    headers: list[tuple[str, bytes]] = field(default_factory=list)
+    headers: list[tuple[str, bytes]] = msgspec.field(default_factory=list)
     partition: int | None = None
     topic: str | None = None
     offset: int | None = None
@@ -185,6 +187,11 @@ class Record:
     def is_probe(self) -> bool:
         """``kdg doctor --topic``'s record: consumers step over it (offsets move on, nothing is written)."""
         return self.header(PROBE_HEADER) is not None and self.header(ID_HEADER) is None
+
+
+def with_value(rec: Record, value: bytes | None) -> Record:
+    """A copy of ``rec`` with ``value``."""
+    return msgspec.structs.replace(rec, value=value)
 
 
 def _text_or_b64(data: bytes | None) -> tuple[str | None, bool]:

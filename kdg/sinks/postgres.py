@@ -17,6 +17,7 @@ from kdg import faults
 from kdg.errors import UsageError
 from kdg.flow.routes import Router, Target, source_block
 from kdg.flow.transform import as_value
+from kdg.records import with_value
 from kdg.sinks import Batch, Outcome, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue, refused_row, tally
 from kdg.sinks.pipeline import Pipeline
@@ -419,7 +420,7 @@ class PostgresSink(Sink):
         for writer, records in groups.values():
             if writer.target is None:
                 parts.append((Part(writer.table, SinkRows.of([sink_row(rec, key) if rec.row is None else
-                                                              sink_row(replace(rec, value=as_value(rec)), key)
+                                                              sink_row(with_value(rec, as_value(rec)), key)
                                                               for rec, key in records])), records))
             else:
                 if writer.target.mapping.from_schema:

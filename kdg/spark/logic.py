@@ -217,6 +217,6 @@ def _record_end(rows: list, at: int) -> int:
 
 def _with_value(rec, value: bytes | None):
     """``rec`` with the generic table's value: a transform's row as JSON."""
-    from dataclasses import replace
+    from kdg.records import with_value
 
-    return replace(rec, value=value)
+    return with_value(rec, value)
