@@ -318,6 +318,32 @@ def session_kdg(session_stack):
     return _kdg_runner(session_stack)
 
 
+def wait_stopped(proc: subprocess.Popen, where: str, timeout: float = 120) -> None:
+    """Wait until ``proc`` stopped itself at its ``KDG_FAULT=…:stop`` point (``where``, for the message); fail
+    with its stderr if it ended first."""
+    import time
+
+    from kdg.stack import procs
+
+    deadline = time.monotonic() + timeout
+    while procs.process_state(proc.pid) != "T" and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if procs.process_state(proc.pid) != "T":
+        ended = proc.poll() is not None
+        raise AssertionError(f"never reached {where}: " + (proc.communicate()[1][-2000:] if ended else "still running"))
+
+
+def finished(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, str, str]:
+    """``(exit code, stdout, stderr)`` of ``proc`` once it ends; killed if it has not within ``timeout``."""
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, out, err
+
+
 def as_json(proc) -> dict:
     return json.loads(proc.stdout)
 

@@ -8,7 +8,7 @@ from datetime import datetime, timezone
 
 import cdc_source
 from confluent_kafka import Producer
-from conftest import as_json, audited
+from conftest import as_json, audited, finished, wait_stopped
 
 from kdg.kafka.admin import ensure_topic
 from kdg.store.pg import Store
@@ -155,7 +155,6 @@ def test_a_batch_read_again_after_its_connection_was_cut_counts_its_debezium_eve
     terminated (as an administrator's pg_terminate_backend or a failover would), and once resumed it reads the
     batch again. The report counts each heartbeat and each placeholder once."""
     from kdg.mapping.rows import UNAVAILABLE, UNAVAILABLE_B64
-    from kdg.stack import procs
 
     prefix = f"cut{uuid.uuid4().hex[:6]}"
     topic = cdc_source.topic_of(prefix, "customers")
@@ -178,22 +177,15 @@ def test_a_batch_read_again_after_its_connection_was_cut_counts_its_debezium_eve
     proc = kdg_spawn("consume", topic, "-G", group, "-g", "exactly-once", "--mapping", path, "--id-from", "offset", "-o", "beginning",
                      "-e", "--json", env={"KDG_FAULT": "inside-pg-transaction@1:stop"})
     try:
-        deadline = time.monotonic() + 120
-        while procs.process_state(proc.pid) != "T" and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert procs.process_state(proc.pid) == "T", \
-            f"the consumer never reached its first transaction: {proc.poll()}, {proc.stderr.read()[-2000:] if proc.poll() is not None else ''}"
+        wait_stopped(proc, "its first transaction")
         with Store(conn.pg_dsn) as store:  # its connections name it: application_name kdg[PID]
             cut = store.fetch("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = $1",
                               f"kdg[{proc.pid}]")
         assert cut and all(r[0] for r in cut), cut
-        proc.send_signal(signal.SIGCONT)
-        out, err = proc.communicate(timeout=120)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err[-3000:]
+        proc.send_signal(signal.SIGCONT)
+    code, out, err = finished(proc, 120)
+    assert code == 0, err[-3000:]
     report = json.loads(out)
     assert report["pg_outages"] == 1 and "Postgres is back" in err, (report, err[-2000:])  # read again
     assert report["consumed"] == len(records) and report["dead_lettered"] == 0, report

@@ -16,9 +16,9 @@ import sys
 import time
 
 import pytest
-from conftest import audited
+from conftest import audited, finished, wait_stopped
 
-from kdg.stack import postgres, procs
+from kdg.stack import postgres
 
 N = 3000
 BATCH = 200
@@ -46,21 +46,9 @@ def _spawn(stack, args, fault: str | None = None) -> subprocess.Popen:
                             stderr=subprocess.PIPE, text=True, env=env)
 
 
-def _wait_stopped(proc: subprocess.Popen, timeout: float = 120) -> None:
-    deadline = time.monotonic() + timeout
-    while procs.process_state(proc.pid) != "T" and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert procs.process_state(proc.pid) == "T", f"never reached pipelined-commit: {proc.communicate()[1][-2000:]}"
-
-
 def _finish(proc: subprocess.Popen, timeout: float = 300) -> tuple[int, dict, str]:
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, (json.loads(out) if out.strip() else {}), err
+    code, out, err = finished(proc, timeout)
+    return code, (json.loads(out) if out.strip() else {}), err
 
 
 def test_sigkill_while_a_batch_commits_and_the_next_is_written(kdg, topic, group, nth=3):
@@ -83,7 +71,7 @@ def test_postgres_restarted_between_two_pipelined_batches(kdg, stack, topic, gro
     _produce(kdg, topic)
     proc = _spawn(stack, _consume_args(topic, group, "exactly-once", "-e"), "pipelined-commit@3:stop")
     try:
-        _wait_stopped(proc)
+        wait_stopped(proc, "pipelined-commit")
         postgres.restart(stack, hard=True)
     finally:
         proc.send_signal(signal.SIGCONT)
@@ -102,7 +90,7 @@ def test_rebalance_between_two_pipelined_batches(kdg, stack, topic, group):
     zombie = _spawn(stack, _consume_args(topic, group, "exactly-once", "--idle-timeout", 20), "pipelined-commit@2:stop")
     successor = None
     try:
-        _wait_stopped(zombie)
+        wait_stopped(zombie, "pipelined-commit")
         successor = _spawn(stack, _consume_args(topic, group, "exactly-once", "--idle-timeout", 20))
         time.sleep(15)  # > session.timeout.ms: the group moves the stopped member's partitions
     finally:

@@ -15,7 +15,7 @@ from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pytest
-from conftest import as_json, audited, change_stream
+from conftest import as_json, audited, change_stream, finished, wait_stopped
 
 from kdg.errors import UnknownTopic
 from kdg.kafka.admin import ensure_topic, topic_partitions
@@ -458,7 +458,7 @@ def test_postgres_killed_and_restarted_mid_consume_is_waited_for_not_dead_letter
     import subprocess
     import sys
 
-    from kdg.stack import postgres, procs
+    from kdg.stack import postgres
 
     create(conn, INSERT_TABLE, table)
     produce_orders(kdg, topic, tmp_path, 300, 1)
@@ -469,18 +469,12 @@ def test_postgres_killed_and_restarted_mid_consume_is_waited_for_not_dead_letter
                              "--json", "--table", table, *column_flags(), "--batch-size", "100"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
-        deadline = time.monotonic() + 120
-        while procs.process_state(proc.pid) != "T" and proc.poll() is None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert procs.process_state(proc.pid) == "T", "the consumer never reached its 2nd batch"
+        wait_stopped(proc, "its 2nd batch")
         postgres.restart(stack, hard=True)  # SIGKILL, then start again
-        proc.send_signal(signal.SIGCONT)
-        out, err = proc.communicate(timeout=300)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 0, err
+        proc.send_signal(signal.SIGCONT)
+    code, out, err = finished(proc)
+    assert code == 0, err
     assert "reconnecting" in err and "Postgres is back" in err, err
     report = json.loads(out)
     assert report["pg_outages"] == 1 and report["dead_lettered"] == 0, report
