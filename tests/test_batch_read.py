@@ -71,6 +71,17 @@ def test_plain_and_wrapped_batches_are_read_a_batch_at_a_time_into_the_same_rows
     assert took and not dead
     assert rows[1][6:] == ("1", "Zoë", "100000.0", '"null"', "false", "2024-11-28 13:20:00.007+00", "1", "101", "k1",
                            "2022-01-09", "10.01")
+    # every timestamp present: the column's texts made at once, before 1970, on the second, and in seconds not met
+    stamps = [-1, -1000, -1001, 0, 999, 1000, 1732800000000, 1732800000999, 253402300799999] + [
+        1900000000000 + i * 1_234_567 for i in range(31)]
+    docs = [_wrapped(i) for i in range(40)]
+    for doc, at in zip(docs, stamps):
+        doc["payload"]["at"] = at
+    rows, dead, took = _both(WRAPPED, _records(docs))
+    assert took and not dead
+    assert [r[11] for r in rows[:3]] == ["1969-12-31 23:59:59.999+00", "1969-12-31 23:59:59+00",
+                                         "1969-12-31 23:59:58.999+00"]
+    assert rows[8][11] == "9999-12-31 23:59:59.999+00"
 
 
 @pytest.mark.parametrize("case, raw", [

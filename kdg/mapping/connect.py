@@ -16,6 +16,8 @@ Example:
 import base64
 import binascii
 from datetime import date, datetime, timezone
+from itertools import repeat
+from operator import add, floordiv, mod
 
 from kdg.mapping.sources import JsonNumber
 
@@ -92,6 +94,24 @@ def _stamp(value: int, unit: str) -> str:
             _SECOND_TEXT.clear()
         _SECOND_TEXT[seconds] = text
     return text + (_MILLIS[part] if unit == "ms" else _fraction(part, unit)) if part else text
+
+
+def _stamps_ms(values: list, suffix: str) -> list | None:
+    """The texts :func:`_stamp` makes of a column of epoch milliseconds, each followed by ``suffix``, made a column
+    at a time in C (0.3 µs a value against 1.0 one at a time); None unless every value is a whole number."""
+    if set(map(type, values)) != {int}:
+        return None
+    seconds = list(map(floordiv, values, repeat(1000)))  # floor, as _stamp's divmod
+    texts = list(map(_SECOND_TEXT.get, seconds))
+    if None in texts:  # a second not met yet: made as _stamp makes it, and kept
+        texts = [_stamp(s * 1000, "ms") if t is None else t for t, s in zip(texts, seconds)]
+    ends = _ENDS.get(suffix)
+    if ends is None:
+        ends = _ENDS[suffix] = [m + suffix for m in _MILLIS]
+    return list(map(add, texts, map(ends.__getitem__, map(mod, values, repeat(1000)))))
+
+
+_ENDS: dict[str, list[str]] = {}  # per suffix, each millisecond's fraction and the suffix
 
 
 def _unscaled(value, name: str) -> int:
@@ -253,15 +273,19 @@ def _shown(column_type) -> str:
 
 
 def _converting(name: str, decode, schema: dict, family: str = "text"):
+    """``convert(value) → text``; for epoch milliseconds, with ``convert.column(values) → texts | None``, the same
+    a column at a time (:func:`_stamps_ms`)."""
     adapt = _to_column(name, family)
     if adapt is None:
         def convert(value):
             return None if value is None else decode(value, schema, name)
-        return convert
-
-    def adapted(value):
-        return None if value is None else adapt(decode(value, schema, name))
-    return adapted
+    else:
+        def convert(value):
+            return None if value is None else adapt(decode(value, schema, name))
+    if decode is _STAMPS["ms"][1] and (adapt is None or name in _LOCAL_STAMPS and family == _TZ):
+        suffix = "" if adapt is None else "+00"  # (as _to_column's adapt for a timestamp into timestamptz)
+        convert.column = lambda values: _stamps_ms(values, suffix)
+    return convert
 
 
 def _refusing(reason: str):
