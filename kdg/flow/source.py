@@ -7,7 +7,8 @@ record through its route's transform (or a fan-out's). The router (:mod:`kdg.flo
 table; the transaction unit (:mod:`kdg.store.unit`) writes it.
 """
 
-from itertools import groupby
+from itertools import groupby, repeat
+from operator import add
 
 from kdg.errors import UsageError
 from kdg.flow.routes import Router
@@ -198,10 +199,8 @@ def sort_headerless(msgs, keys: Keys, req, must_have_key: bool) -> Batch | None:
     partitions, offsets = [m.partition() for m in msgs], [m.offset() for m in msgs]
     stamps = [m.timestamp()[1] for m in msgs]
     batch = Batch()
-    batch.records = list(zip(map(Record, values, [m.key() for m in msgs], [[] for _ in msgs], partitions, topics,
-                                 offsets, stamps),
-                             map("{}/{}/{}".format, topics, partitions, offsets)))
     first, after, stamped = batch.first_offsets, batch.next_offsets, batch.first_timestamps
+    keys: list[str] = []  # topic/partition/offset: a run of one partition's prefix, and each offset's digits
     i = 0
     for tp, run in groupby(zip(topics, partitions)):
         n = len(list(run))
@@ -210,5 +209,8 @@ def sort_headerless(msgs, keys: Keys, req, must_have_key: bool) -> Batch | None:
         last = max(offsets[i:i + n]) + 1
         if last > after.get(tp, 0):
             after[tp] = last
+        keys += map(add, repeat(f"{tp[0]}/{tp[1]}/", n), map(str, offsets[i:i + n]))
         i += n
+    batch.records = list(zip(map(Record, values, [m.key() for m in msgs], [[] for _ in msgs], partitions, topics,
+                                 offsets, stamps), keys))
     return batch
