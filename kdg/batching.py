@@ -17,7 +17,7 @@ from operator import itemgetter
 
 from confluent_kafka import Message
 
-from kdg.records import ID_HEADER, PROBE_HEADER
+from kdg.records import ID_HEADER, PROBE_HEADER, all_utf8
 from kdg.sinks import Batch
 from kdg.store.rows import SinkRows
 
@@ -69,12 +69,8 @@ def sort_rows(msgs: list, max_bytes: int, require_utf8: bool, must_have_key: boo
             return None
         if require_utf8:
             # b"\0" joins them so that a value's broken sequence cannot be completed by the next one's bytes
-            joined = b"\0".join(present)
-            if not joined.isascii():  # ASCII is UTF-8, and is checked without making the text
-                try:
-                    joined.decode("utf-8")
-                except UnicodeDecodeError:
-                    return None
+            if not all_utf8(b"\0".join(present)):
+                return None
     headers = list(map(Message.headers, msgs))
     if headers.count(None) == n:
         if must_have_key:
