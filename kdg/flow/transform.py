@@ -22,7 +22,8 @@ from decimal import Decimal
 
 from kdg.errors import UsageError
 from kdg.mapping.sources import json_reader
-from kdg.records import Record
+from kdg.records import Record, with_value
+from kdg.store.rows import SinkRows, sink_row
 
 ERROR_TYPE_HEADER = "kdg-error-type"
 ERROR_MESSAGE_HEADER = "kdg-error-message"
@@ -202,6 +203,12 @@ def as_value(rec: Record) -> bytes | None:
     if rec.row is None:
         return rec.value
     return json.dumps(rec.row, separators=(",", ":"), default=str).encode()
+
+
+def generic_rows(records) -> SinkRows:
+    """The generic table's rows of ``(record, key)`` pairs: a transform's row stored as its JSON (:func:`as_value`)."""
+    return SinkRows.of([sink_row(rec, key) if rec.row is None else sink_row(with_value(rec, as_value(rec)), key)
+                        for rec, key in records])
 
 
 _READ = json_reader(Decimal, constants=True)  # made once

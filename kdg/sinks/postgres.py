@@ -16,13 +16,12 @@ from dataclasses import dataclass, field, replace
 from kdg import faults
 from kdg.errors import UsageError
 from kdg.flow.routes import Router, Target, source_block
-from kdg.flow.transform import as_value
-from kdg.records import with_value
+from kdg.flow.transform import generic_rows
 from kdg.sinks import Batch, Outcome, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue, refused_row, tally
 from kdg.sinks.pipeline import Pipeline
 from kdg.store.pg import Store
-from kdg.store.rows import SinkRows, sink_row
+from kdg.store.rows import SinkRows
 from kdg.store.unit import Part
 
 UNROUTED_REASON = ("its table is named by its topic's events (a {source.*} template, or columns from the schema), "
@@ -419,9 +418,7 @@ class PostgresSink(Sink):
         parts = []
         for writer, records in groups.values():
             if writer.target is None:
-                parts.append((Part(writer.table, SinkRows.of([sink_row(rec, key) if rec.row is None else
-                                                              sink_row(with_value(rec, as_value(rec)), key)
-                                                              for rec, key in records])), records))
+                parts.append((Part(writer.table, generic_rows(records)), records))
             else:
                 if writer.target.mapping.from_schema:
                     refused = self._evolve(writer, records)

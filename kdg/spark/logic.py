@@ -99,16 +99,13 @@ class _Output:
 
     def part(self, chunk: list, keep: bool):
         """This route's share of a chunk, ``(record, key)`` each, as the store's :class:`~kdg.store.unit.Part`."""
-        from kdg.flow.transform import as_value
+        from kdg.flow.transform import generic_rows
         from kdg.settings import table_name
-        from kdg.store.rows import SinkRows, sink_row
         from kdg.store.unit import Part
 
         if self.maker is not None:
             return Part(self.spec.typed.mapping.table, self.maker.staged(chunk, keep=keep), self.spec.typed)
-        return Part(table_name(self.spec.table), SinkRows.of(
-            [sink_row(rec, key) if rec.row is None else sink_row(_with_value(rec, as_value(rec)), key)
-             for rec, key in chunk]))
+        return Part(table_name(self.spec.table), generic_rows(chunk))
 
 
 def write_with_logic(batches: Iterator, spec, fault_armed: bool) -> dict:
@@ -214,9 +211,3 @@ def _record_end(rows: list, at: int) -> int:
         at += 1
     return at
 
-
-def _with_value(rec, value: bytes | None):
-    """``rec`` with the generic table's value: a transform's row as JSON."""
-    from kdg.records import with_value
-
-    return with_value(rec, value)
