@@ -171,16 +171,29 @@ def run_measured(cmd: list[str], env: dict | None = None) -> tuple[str, Usage]:
     return Child(cmd, env).result()
 
 
+def _postmaster(layout) -> int | None:
+    """The pid of the stack's Postgres server: the embedded one's, or an external server's if it runs on this
+    machine (the parent of a backend of ours); None for a server elsewhere."""
+    from kdg.stack import postgres
+
+    if layout.uses_embedded_pg:
+        return postgres.pid(layout)
+    (backend,) = sql(layout.pg_dsn, ("SELECT pg_backend_pid()",))
+    try:
+        fields = Path(f"/proc/{backend[0]}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None  # not a process of this machine
+    return int(fields[1])
+
+
 def postgres_cpu(layout) -> float | None:
-    """CPU seconds the stack's embedded Postgres has used so far: the postmaster with the backends it has
-    reaped (cutime, cstime) plus its live children. None for an external server (not on this machine).
+    """CPU seconds the stack's Postgres has used so far: the postmaster with the backends it has reaped
+    (cutime, cstime) plus its live children. None for a server not on this machine.
 
     Take it before and after a measurement; wait a moment after a client disconnects, so its backend is
     reaped (a zombie's stat still counts, but a backend still exiting may add a little).
     """
-    from kdg.stack import postgres
-
-    root = postgres.pid(layout) if layout.uses_embedded_pg else None
+    root = _postmaster(layout)
     if root is None:
         return None
     tick = os.sysconf("SC_CLK_TCK")
