@@ -178,12 +178,23 @@ def _postmaster(layout) -> int | None:
 
     if layout.uses_embedded_pg:
         return postgres.pid(layout)
-    (backend,) = sql(layout.pg_dsn, ("SELECT pg_backend_pid()",))
-    try:
-        fields = Path(f"/proc/{backend[0]}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None  # not a process of this machine
-    return int(fields[1])
+    import asyncio
+
+    import asyncpg
+
+    async def parent() -> int | None:
+        conn = await asyncpg.connect(layout.pg_dsn)
+        try:  # read while the backend lives: it exits once we close
+            proc = Path(f"/proc/{await conn.fetchval('SELECT pg_backend_pid()')}")
+            if proc.joinpath("comm").read_text().strip() != "postgres":
+                return None  # a pid of this machine, but not our backend: the server is elsewhere
+            return int(proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            return None  # not a process of this machine
+        finally:
+            await conn.close()
+
+    return asyncio.run(parent())
 
 
 def postgres_cpu(layout) -> float | None:

@@ -3,8 +3,8 @@
 -- Each exactly-once record adds one entry to its claim table's primary key (sink_table, idempotency_key,
 -- key_ms), and every comparison on the way down the index compared two keys under the database's collation.
 -- On a server initdb'd with a language's locale (en_US.UTF-8, the default of many distributions and hosted
--- servers) that is strcoll: 9.8 µs of Postgres's CPU a claim, against 2.9 µs compared as bytes
--- (benchmarks/claim_shape_bench.py on PostgreSQL 15, 2026-11-29). A key is an identity, never sorted for a
+-- servers) that is strcoll: about three times the CPU a claim costs compared as bytes (12.9 µs against 4.1,
+-- benchmarks/claim_shape_bench.py on PostgreSQL 15, 2026-11-29). A key is an identity, never sorted for a
 -- reader, and equal under any deterministic collation exactly when its bytes are: no claim changes meaning.
 --
 -- sink_table stays as it is: it is kdg_dedup's partition key, whose collation cannot be altered, and within a
