@@ -60,6 +60,45 @@ def test_a_driver_killed_after_writing_a_batch_then_a_lost_checkpoint(kdg, topic
     assert (audit["lost"], audit["duplicates"], audit["rows"]) == (0, 0, 1800), audit
 
 
+def test_members_looking_for_a_stream_see_none_but_a_stream(conn, group):
+    """Each `kdg consume` member asks whether a Spark stream reads its group (``Store.stream_running``), and
+    members started together ask at once. Four asking 150 times each at once never see a stream; a stream
+    taking and letting go of its lock meanwhile always gets it; once it holds it, every member sees it.
+    (Asking by taking the lock for an instant failed both ways: a member of three started together exited 2,
+    "kdg spark-stream is reading".)"""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from kdg.store.offsets import _STREAM_LOCK
+
+    topic, key = f"t-{uuid.uuid4().hex[:8]}", f"{group}/t"
+    stores = [Store(conn.pg_dsn) for _ in range(5)]
+    members, stream = stores[:4], stores[4]
+    try:
+        def look(store) -> int:
+            return sum(store.stream_running(group, topic) for _ in range(150))
+
+        def stream_comes_and_goes() -> int:
+            taken = 0
+            for _ in range(60):
+                taken += stream.hold_stream(group, topic)
+                stream.fetchval("SELECT pg_advisory_unlock($1, hashtext($2))", _STREAM_LOCK, f"{group}/{topic}")
+            return taken
+
+        with ThreadPoolExecutor(5) as pool:
+            seen = list(pool.map(look, members))
+            assert seen == [0, 0, 0, 0], f"members saw a stream where none ran: {seen}"
+            looking = [pool.submit(look, m) for m in members]
+            assert stream_comes_and_goes() == 60, "a member's look kept a stream from its lock"
+            for f in looking:
+                f.result()
+        assert stream.hold_stream(group, topic)
+        assert [m.stream_running(group, topic) for m in members] == [True] * 4
+        assert not members[0].stream_running(group, key)  # another topic's lock is not this one's
+    finally:
+        for store in stores:
+            store.close()
+
+
 def test_handoff_consume_stream_consume_with_a_kill_in_each(kdg, kdg_spawn, conn, topic, group, tmp_path):
     """One group, three pipelines in turn, each killed once mid-way and started again: nothing lost or repeated.
     While the stream runs, `kdg consume` on its group is refused, and a second stream too."""

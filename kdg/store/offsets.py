@@ -7,6 +7,10 @@ sink or a replay opened, so the offsets move with the rows they account for.
 from kdg.errors import Fenced, RetryBatch
 
 _STREAM_LOCK = 0x6B6467  # pg_advisory_lock(this, hashtext(group/topic)): held by a Spark stream while it runs
+# whether that lock is held now, read without taking it (a lock on two int4 keys shows as classid, objid, objsubid 2)
+_STREAM_HELD = """SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted AND objsubid = 2
+                    AND database = (SELECT oid FROM pg_database WHERE datname = current_database())
+                    AND classid = $1::integer::oid AND objid = hashtext($2)::oid)"""
 
 
 class OffsetsMixin:
@@ -124,11 +128,10 @@ class OffsetsMixin:
                                             f"{group}/{topic}"))
 
     def stream_running(self, group: str, topic: str) -> bool:
-        """Whether a Spark stream holds ``group``'s lock on ``topic`` now (asked, and let go at once)."""
-        if not self.hold_stream(group, topic):
-            return True
-        self._run(self.conn.fetchval("SELECT pg_advisory_unlock($1, hashtext($2))", _STREAM_LOCK, f"{group}/{topic}"))
-        return False
+        """Whether a Spark stream holds ``group``'s lock on ``topic`` now, read from ``pg_locks``. Never by taking
+        the lock, even for an instant: members of a group starting together then saw each other's look as a
+        stream's, and a stream taking its lock at that instant took the member for another stream."""
+        return self._run(self.conn.fetchval(_STREAM_HELD, _STREAM_LOCK, f"{group}/{topic}"))
 
     async def _advance_offsets(self, group: str, topic: str, ranges: dict[int, tuple[int, int]]) -> None:
         """Stored offsets only move forward; a consumer's fence is left alone."""
