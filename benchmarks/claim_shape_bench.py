@@ -54,11 +54,6 @@ def batch(first: int, columns: tuple) -> list[tuple]:
     return [(key, ms) for _, key, ms, *_ in rows]
 
 
-def backend_cpu(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def one(conn, pid: int, ddl: str, columns: tuple) -> float:
     """µs of backend CPU per claim copied into a fresh table of ``ddl`` holding PRE claims already."""
     await conn.execute("DROP TABLE IF EXISTS kdg_bench_claims")
@@ -72,9 +67,9 @@ async def one(conn, pid: int, ddl: str, columns: tuple) -> float:
     spent = 0.0
     for _ in range(BATCHES):
         rows = batch(first, columns)
-        before = backend_cpu(pid)
+        before = common.cpu_s(pid)
         await conn.copy_records_to_table("kdg_bench_claims", records=rows, columns=columns)
-        spent += backend_cpu(pid) - before
+        spent += common.cpu_s(pid) - before
         first += per
     return spent / (BATCHES * per * PARTITIONS) * 1e6
 

@@ -171,6 +171,17 @@ def run_measured(cmd: list[str], env: dict | None = None) -> tuple[str, Usage]:
     return Child(cmd, env).result()
 
 
+def proc_stat(pid) -> list[str]:
+    """The fields of ``/proc/PID/stat`` after the command name: state, ppid, …, utime is [11], stime [12]."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def cpu_s(pid) -> float:
+    """CPU seconds (user + system) process ``pid`` has used so far."""
+    fields = proc_stat(pid)
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def _postmaster(layout) -> int | None:
     """The pid of the stack's Postgres server: the embedded one's, or an external server's if it runs on this
     machine (the parent of a backend of ours); None for a server elsewhere."""
@@ -188,7 +199,7 @@ def _postmaster(layout) -> int | None:
             proc = Path(f"/proc/{await conn.fetchval('SELECT pg_backend_pid()')}")
             if proc.joinpath("comm").read_text().strip() != "postgres":
                 return None  # a pid of this machine, but not our backend: the server is elsewhere
-            return int(proc.joinpath("stat").read_text().rsplit(")", 1)[1].split()[1])
+            return int(proc_stat(proc.name)[1])
         except OSError:
             return None  # not a process of this machine
         finally:
@@ -209,13 +220,10 @@ def postgres_cpu(layout) -> float | None:
         return None
     tick = os.sysconf("SC_CLK_TCK")
 
-    def stat(pid) -> list[str]:  # the fields after the command name: state, ppid, …, utime is [11]
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-
-    total = sum(int(f) for f in stat(root)[11:15])  # utime, stime, cutime, cstime
+    total = sum(int(f) for f in proc_stat(root)[11:15])  # utime, stime, cutime, cstime
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            child = stat(pid)
+            child = proc_stat(pid)
         except OSError:
             continue
         if child[1] == str(root):
