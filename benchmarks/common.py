@@ -68,20 +68,36 @@ def sql(dsn: str, *statements: tuple) -> list:
 
 def drop_sink_tables(dsn: str, tables: list, *statements: tuple) -> None:
     """Drop benchmark sink tables with what kdg keeps for them: their exactly-once claims and replay rows, which
-    kdg files under each table's identity (``public.name``, as :meth:`kdg.store.pg.Store.resolve_table`
-    gives it), not under the name the benchmark spelled. Then ``statements`` (a group's stored offsets).
+    kdg files under each table's identity (``public.name``, as :func:`kdg.store.identity.resolve_table` gives
+    it), not under the name the benchmark spelled. Then ``statements`` (a group's stored offsets).
 
     Deleted under the spelled name, nothing matched: every run left its claims in kdg_dedup (84 million
-    rows on one stack), and each repetition met a larger claim table than the one before it."""
-    from kdg.store.pg import Store
+    rows on one stack), and each repetition met a larger claim table than the one before it. Deleted row by
+    row, a million claims left a million dead tuples, and autovacuum cleaned them up inside the next run's
+    measurement (its Postgres CPU): each claim table is emptied whole, as `kdg db forget` empties it."""
+    import asyncio
+
+    import asyncpg
+
+    from kdg.store.identity import resolve_table
+    from kdg.store.owners import drop_claims
 
     if not tables:
         return
-    store = Store(dsn)
-    try:
-        names = [store.resolve_table(t).text for t in tables]
-    finally:
-        store.close()
+
+    async def forget() -> list[str]:  # a plain connection: a baseline's database may be a migration behind
+        conn = await asyncpg.connect(dsn)
+        try:
+            names = [(await resolve_table(conn, t)).text for t in tables]
+            for relation in await conn.fetch("SELECT relation FROM kdg_windows WHERE sink_table = ANY($1::text[])",
+                                             names):
+                async with conn.transaction():
+                    await drop_claims(conn, relation["relation"], None)
+            return names
+        finally:
+            await conn.close()
+
+    names = asyncio.run(forget())
     sql(dsn, *[(f"DROP TABLE IF EXISTS {t}",) for t in names],
         ("DELETE FROM kdg_dedup WHERE sink_table = ANY($1::text[])", names),
         ("DELETE FROM kdg_replays WHERE sink_table = ANY($1::text[])", names), *statements)

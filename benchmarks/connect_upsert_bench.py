@@ -28,7 +28,9 @@ Measured in each repetition, in an order rotated between repetitions (``measures
 - ``upsert EOS start-up`` and ``client loop start-up``: the same over a topic of 4 records (2 ids), whose CPU
   is taken off the full runs' for their CPU per record "start-up off" (as consume_bench's start-up rows).
 - with ``--baseline DIR``: ``upsert EOS`` (and its start-up) and ``upsert ALO`` again with the kdg package in
-  DIR (``git archive <rev> | tar -x -C DIR``).
+  DIR (``git archive <rev> | tar -x -C DIR``); with ``--baseline-pg-dsn DSN`` too, into that database of the
+  stack's server, migrated by DIR's kdg (a schema change measured with the code it came with; Postgres's CPU
+  is still the whole server's).
 
 Figures (medians of ``--repeat``): rows/s is the consumer's own loop (its report's ``msgs_per_s``: start-up
 excluded; records read per second). Steady rows/s is the middle 80 % of the records by the consumer's own
@@ -54,6 +56,7 @@ import statistics
 import sys
 import time
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -143,16 +146,18 @@ def steady_rate(progress: list[tuple[float, float]], records: int) -> float | No
     return None if start is None or end is None or end <= start else round(0.8 * records / (end - start), 1)
 
 
-def kdg_upsert(layout, topic: str, ids: int, guarantee: str, kdg_path: str) -> dict:
+def kdg_upsert(layout, topic: str, ids: int, guarantee: str, kdg_path: str, db=None) -> dict:
     """`kdg consume -e` of the whole topic through the typed mapping, upsert on id, into a fresh table made
-    beforehand; its rate, steady rate, CPU and Postgres's CPU. The table is checked before it is dropped."""
+    beforehand; its rate, steady rate, CPU and Postgres's CPU. The table is checked before it is dropped.
+    ``db``: the stack with another database of its server (``--baseline-pg-dsn``) to write into."""
+    db = db or layout
     table, group = fresh_table("upsert"), fresh_topic("g")
-    sql(layout.pg_dsn, (DDL.format(t=table.sql),))
+    sql(db.pg_dsn, (DDL.format(t=table.sql),))
     mapping = Path(f"/tmp/kdg-bench-{group}.toml")
     mapping.write_text(f'table = "{table.text}"\nmode = "upsert"\nkey = ["id"]\n[columns]\n' + "".join(
         f'{c} = {{ type = "{t}", from = "json:/payload/{c}" }}\n' for c, t in SOURCES.items()))
     env = {**os.environ, "PYTHONPATH": kdg_path, "KDG_BOOTSTRAP_SERVERS": layout.bootstrap_servers,
-           "KDG_PG_DSN": layout.pg_dsn}
+           "KDG_PG_DSN": db.pg_dsn}
     port = free_port() if lists_option(kdg_path, "consume", "--metrics-port") else None
     progress: list[tuple[float, float]] = []
     pg_before = postgres_cpu(layout)
@@ -167,10 +172,10 @@ def kdg_upsert(layout, topic: str, ids: int, guarantee: str, kdg_path: str) -> d
         out, usage = child.result()
         time.sleep(0.5)  # the consumer's backend exits with it: let the postmaster reap it (its CPU into cutime)
         pg_after = postgres_cpu(layout)
-        check_table(layout, table, ids)
+        check_table(db, table, ids)
     finally:
         mapping.unlink(missing_ok=True)
-        drop_sink(layout, table, group)
+        drop_sink(db, table, group)
     report = json.loads(out)
     if report["consumed"] != 2 * ids:
         raise RuntimeError(f"kdg consume read {report['consumed']} records of {2 * ids}: {report}")
@@ -245,7 +250,8 @@ def pg_floor_child(dsn: str, table: str, ids: int) -> None:
 
 
 # -- the part ------------------------------------------------------------------------------------------------------
-def upsert_rows(layout, measures: Measures, records: int, repeat: int, here: str, baseline: str | None) -> list:
+def upsert_rows(layout, measures: Measures, records: int, repeat: int, here: str, baseline: str | None,
+                baseline_dsn: str | None = None) -> list:
     """Measure the Connect upsert into ``measures`` (``records`` rounded down to even); the rows of `make bench`'s
     table: exactly-once against the Postgres floor and against at-least-once, and its CPU over the client loop's."""
     ids = records // 2
@@ -263,9 +269,10 @@ def upsert_rows(layout, measures: Measures, records: int, repeat: int, here: str
             "upsert EOS" + STARTUP: lambda: kdg_upsert(layout, tiny, 2, "exactly-once", here),
             "client loop" + STARTUP: lambda: client_loop(layout, tiny, 4)}
     if baseline:
-        runs["upsert EOS" + BASELINE] = lambda: kdg_upsert(layout, topic, ids, "exactly-once", baseline)
-        runs["upsert ALO" + BASELINE] = lambda: kdg_upsert(layout, topic, ids, "at-least-once", baseline)
-        runs["upsert EOS" + BASELINE + STARTUP] = lambda: kdg_upsert(layout, tiny, 2, "exactly-once", baseline)
+        db = replace(layout, external_pg_dsn=baseline_dsn) if baseline_dsn else layout
+        runs["upsert EOS" + BASELINE] = lambda: kdg_upsert(layout, topic, ids, "exactly-once", baseline, db)
+        runs["upsert ALO" + BASELINE] = lambda: kdg_upsert(layout, topic, ids, "at-least-once", baseline, db)
+        runs["upsert EOS" + BASELINE + STARTUP] = lambda: kdg_upsert(layout, tiny, 2, "exactly-once", baseline, db)
     try:
         measures.repeat(repeat, runs)
     finally:
@@ -354,6 +361,9 @@ def main() -> None:
     ap.add_argument("--records", type=int, default=1_000_000, help="records: half as many ids, two versions each")
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--baseline", help="a directory holding another kdg package to measure alongside")
+    ap.add_argument("--baseline-pg-dsn", metavar="DSN",
+                    help="the baseline writes into this database of the stack's server (migrated by the baseline's "
+                         "kdg: a schema change measured with its code)")
     ap.add_argument("--json", type=Path, default=RESULTS, help=f"write the results here [default: {RESULTS}]")
     ap.add_argument("--pg-floor", metavar="TABLE", help=argparse.SUPPRESS)  # the Postgres floor's child
     args = ap.parse_args()
@@ -370,7 +380,8 @@ def main() -> None:
     load = os.getloadavg()
     print(f"machine: {machine()}; stack: {layout.brokers} brokers on loopback; load {load[0]:.2f} before")
     measures = Measures()
-    rows = upsert_rows(layout, measures, args.records, args.repeat, str(HERE.parent), args.baseline)
+    rows = upsert_rows(layout, measures, args.records, args.repeat, str(HERE.parent), args.baseline,
+                       args.baseline_pg_dsn)
     found = results(measures)
     print(f"\n{args.records // 2 * 2:,} JsonConverter records, typed upsert, medians of {args.repeat} on {machine()}")
     print_results(found)
