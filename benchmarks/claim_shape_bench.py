@@ -14,7 +14,11 @@ Variants:
 - ``no primary key``: the heap alone, the floor of any claim row;
 - ``key without sink_table``: the primary key (idempotency_key, key_ms), as a claim table's leaf partitions could
   hold it (each holds one sink table's claims) if kdg_dedup had no primary key of its own;
-- ``key and time only``: a row of (idempotency_key, key_ms) and its primary key.
+- ``key and time only``: a row of (idempotency_key, key_ms) and its primary key;
+- ``009: key as bytes``: kdg's claim row since migration 009, ``idempotency_key COLLATE "C"``, sink_table in the
+  database's collation, primary key (sink_table, idempotency_key, key_ms);
+- ``010: bytes, without sink_table``: the same row, each claim table's primary key (idempotency_key, key_ms)
+  (migration 010).
 """
 
 import argparse
@@ -31,17 +35,20 @@ import common  # noqa: E402
 PRE, BATCHES, BATCH, PARTITIONS = 400_000, 40, 10_000, 6
 TOPIC, SINK, NOW = "bench-topic-0123abcd", "public.bench_u48_0123abcd", 1_795_824_000_123
 
-_ROW = """sink_table text {c} NOT NULL, idempotency_key text {c} NOT NULL, key_ms bigint NOT NULL,
+_ROW = """sink_table text {c} NOT NULL, idempotency_key text {k} NOT NULL, key_ms bigint NOT NULL,
           topic text NOT NULL, "partition" integer NOT NULL, "offset" bigint NOT NULL,
           claimed_at timestamptz NOT NULL DEFAULT now(), filtered boolean"""
+_C = 'COLLATE "C"'
 _FULL = ("sink_table", "idempotency_key", "key_ms", "topic", "partition", "offset")
 VARIANTS = {
-    "kdg": (_ROW.format(c="") + ", PRIMARY KEY (sink_table, idempotency_key, key_ms)", _FULL),
-    "kdg, C collation": (_ROW.format(c='COLLATE "C"') + ", PRIMARY KEY (sink_table, idempotency_key, key_ms)", _FULL),
-    "no primary key": (_ROW.format(c=""), _FULL),
-    "key without sink_table": (_ROW.format(c="") + ", PRIMARY KEY (idempotency_key, key_ms)", _FULL),
+    "kdg": (_ROW.format(c="", k="") + ", PRIMARY KEY (sink_table, idempotency_key, key_ms)", _FULL),
+    "kdg, C collation": (_ROW.format(c=_C, k=_C) + ", PRIMARY KEY (sink_table, idempotency_key, key_ms)", _FULL),
+    "no primary key": (_ROW.format(c="", k=""), _FULL),
+    "key without sink_table": (_ROW.format(c="", k="") + ", PRIMARY KEY (idempotency_key, key_ms)", _FULL),
     "key and time only": ("idempotency_key text NOT NULL, key_ms bigint NOT NULL, PRIMARY KEY (idempotency_key, key_ms)",
                           ("idempotency_key", "key_ms")),
+    "009: key as bytes": (_ROW.format(c="", k=_C) + ", PRIMARY KEY (sink_table, idempotency_key, key_ms)", _FULL),
+    "010: bytes, without sink_table": (_ROW.format(c="", k=_C) + ", PRIMARY KEY (idempotency_key, key_ms)", _FULL),
 }
 
 
