@@ -9,7 +9,10 @@ Two inputs, each through the mapping the typed-sink benchmarks use:
   (``schemas.enable=true``: every record carries its whole schema), read under ``--envelope debezium``,
   with a ``io.debezium.time.MicroTimestamp`` and a ``Decimal`` (base64 bytes with a scale) to decode.
 
-A third case, ``plain+transform``, puts each plain record through a transform that returns its value as it
+- ``doubles``: plain JSON rows of an id and six numbers with a fraction, each into a ``double precision``
+  column (measurements, prices: what a row of numbers costs the batch read).
+
+A fourth case, ``plain+transform``, puts each plain record through a transform that returns its value as it
 is (``--transform``'s cheapest: the record decoded once, handed over, its row read by the mapping), so its
 difference from ``plain`` is what a transform costs per record (issue 46's budget: at most 1 µs).
 
@@ -38,6 +41,7 @@ from kdg.records import Record  # noqa: E402
 
 PLAIN = ["order_id bigint = json:id", "customer text = json:/customer/name", "amount numeric(12,2) = json:amount",
          "placed_at timestamptz = json:placed_at", "paid boolean = json:paid", "qty integer = json:qty"]
+DOUBLES = ["order_id bigint = json:id"] + [f"m{j} double precision = json:m{j}" for j in range(6)]
 CONNECT = ["order_id bigint = json:id", "customer text = json:customer", "amount numeric(12,2) = json:amount",
            "placed_at timestamp = json:placed_at", "paid boolean = json:paid", "qty integer = json:qty"]
 _SCHEMA = {"type": "struct", "optional": True, "fields": [
@@ -64,6 +68,10 @@ def plain(i: int) -> bytes:
     return (f'{{"id": {i}, "customer": {{"name": "c{i % 5000}", "tier": "gold"}}, "amount": "{i % 10_000}.'
             f'{i % 100:02d}", "placed_at": "2026-11-23T00:00:{i % 60:02d}+00:00", "paid": '
             f'{"true" if i % 2 else "false"}, "qty": {i % 7}}}').encode()
+
+
+def doubles(i: int) -> bytes:
+    return (f'{{"id": {i}, ' + ", ".join(f'"m{j}": {i % 1000}.{(i * 7 + j) % 1000:03d}' for j in range(6)) + "}").encode()
 
 
 def connect(i: int) -> bytes:
@@ -106,7 +114,7 @@ def main() -> None:
     gc.freeze()  # as `kdg consume` runs: young collections every GC_YOUNG allocations, not Python's 700
     gc.set_threshold(GC_YOUNG)
     cases = {"plain": (PLAIN, "none", plain), "plain+transform": (PLAIN, "none", plain),
-             "connect": (CONNECT, "debezium", connect)}
+             "doubles": (DOUBLES, "none", doubles), "connect": (CONNECT, "debezium", connect)}
     prepared = {}
     for name, (columns, envelope, make) in cases.items():
         mapping = build_mapping(columns=columns, table="orders", mode="upsert", key=("order_id",),

@@ -84,6 +84,19 @@ def test_plain_and_wrapped_batches_are_read_a_batch_at_a_time_into_the_same_rows
     assert rows[8][11] == "9999-12-31 23:59:59.999+00"
 
 
+def test_a_column_of_fractional_numbers_is_their_text_as_written():
+    """A column whose every value is a number with a fraction or exponent (or null), a batch at a time, is each
+    number's text as the record was written, as the record by record read gives it."""
+    amounts = [b"1.50", b"2e-3", b"-0.0", b"null", b"1E+400", b"0.1000000000000000055511151231257827"]
+    raw = [b'{"id": %d, "amount": %s, "note": %s}' % (i, a, b'{"x": [%s, 7]}' % a if i % 2 else b'"n"')
+           for i, a in enumerate(amounts * 5)]
+    rows, dead, took = _both(["id bigint = json:id", "amount numeric = json:amount", "note text = json:note"],
+                             _records([], raw))
+    assert took and not dead
+    assert [r[7] for r in rows[:6]] == ["1.50", "2e-3", "-0.0", None, "1E+400", "0.1000000000000000055511151231257827"]
+    assert [r[8] for r in rows[:4]] == ["n", '{"x":[2e-3,7]}', "n", '{"x":[null,7]}']  # an object's numbers too
+
+
 @pytest.mark.parametrize("case, raw", [
     ("not JSON", [b"{oops"]),
     ("not an object", [b"[1, 2]"]),
