@@ -229,12 +229,12 @@ def _column(values: list, text, lazy: bool = False) -> list:
     against its 0.5). A converter that makes a column's texts at once (``text.column``) does so. ``lazy``:
     numbers with a fraction come as :class:`_Number`; a column of them (and nulls) through ``as_text`` is
     their text, any other column gets JsonNumbers first, as the record by record read gives them."""
-    kinds = set(map(type, values))
+    kinds = set(map(type, values)) if lazy or text is as_text else None  # (a converter's column needs none)
     if lazy and kinds & _HOLDING:
         if text is as_text and kinds <= _NUMBERS_AS_TEXT:
             return list(map(str, values)) if _NONE not in kinds else [None if v is None else str(v) for v in values]
         values = list(map(_numbers, values))
-        kinds = set(map(type, values))
+        kinds = set(map(type, values)) if text is as_text else None
     column = getattr(text, "column", None)  # a converter's own column at a time (kdg.mapping.connect)
     if column is not None:
         found = column(values)
