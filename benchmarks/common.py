@@ -99,7 +99,6 @@ def drop_sink_tables(dsn: str, tables: list, *statements: tuple) -> None:
 
     names = asyncio.run(forget())
     sql(dsn, *[(f"DROP TABLE IF EXISTS {t}",) for t in names],
-        ("DELETE FROM kdg_dedup WHERE sink_table = ANY($1::text[])", names),
         ("DELETE FROM kdg_replays WHERE sink_table = ANY($1::text[])", names), *statements)
 
 
