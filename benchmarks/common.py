@@ -92,7 +92,7 @@ def drop_sink_tables(dsn: str, tables: list, *statements: tuple) -> None:
             for relation in await conn.fetch("SELECT relation FROM kdg_windows WHERE sink_table = ANY($1::text[])",
                                              names):
                 async with conn.transaction():
-                    await drop_claims(conn, relation["relation"], None)
+                    await drop_claims(conn, relation["relation"], None, counted=False)
             return names
         finally:
             await conn.close()

@@ -214,7 +214,7 @@ def test_a_table_consumed_halfway_before_partitioned_claims_is_finished_after(kd
         assert kdg("consume", topic, "-G", "g", "-e", env=env, check=False).returncode == 3  # 'run kdg db migrate'
         assert as_json(kdg("db", "migrate", "--json", env=env))["applied"] == [
             "003_table_identity.sql", "004_bounded_state.sql", "005_state_home.sql", "006_ledger_ranges.sql",
-            "007_claim_owner.sql", "008_filtered_claims.sql", "009_claim_key_bytes.sql"]
+            "007_claim_owner.sql", "008_filtered_claims.sql", "009_claim_key_bytes.sql", "010_claim_runs.sql"]
         rest = as_json(kdg("consume", topic, "-G", f"a-{topic}", "-g", "exactly-once", "--table", table, "-e",
                            "--json", env=env))
         assert (rest["consumed"], rest["duplicates_suppressed"]) == (n // 2, 0), rest

@@ -264,15 +264,13 @@ class StagedRows:
         return [key for seq, (_, key) in enumerate(self.records) if seq not in dead]
 
     def claims(self):
+        """The claims of the rows made, as ``(keys, topics, partitions, offsets)`` columns (what
+        :meth:`kdg.store.claims.Claims.rows` takes; ``zip(*…)`` for tuples)."""
         dead = self._dead_seqs
-        if not dead:
-            recs = [pair[0] for pair in self.records]
-            yield from zip([pair[1] for pair in self.records], [r.topic for r in recs], [r.partition for r in recs],
-                           [r.offset for r in recs])
-            return
-        for seq, (rec, key) in enumerate(self.records):
-            if seq not in dead:
-                yield key, rec.topic, rec.partition, rec.offset
+        pairs = self.records if not dead else [pair for seq, pair in enumerate(self.records) if seq not in dead]
+        recs = [pair[0] for pair in pairs]
+        return ([pair[1] for pair in pairs], [r.topic for r in recs], [r.partition for r in recs],
+                [r.offset for r in recs])
 
 
 def _registry(mapping: Mapping, settings: dict[str, str] | None):

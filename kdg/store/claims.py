@@ -4,9 +4,11 @@ whose claim is new reach the sink.
 The claim itself (:data:`CLAIM`, :func:`copy_claims`) is shared with the typed sink
 (:mod:`kdg.store.typed`); :class:`ClaimsMixin` claims and inserts the generic table's rows, inside the
 transaction :mod:`kdg.store.unit` opens for a batch (or its own, for Spark), mixed into
-:class:`kdg.store.pg.Store`.
+:class:`kdg.store.pg.Store`. A key that is its record's own coordinates (an offset key) is claimed by them,
+in a run of its partition's consecutive offsets: one claim row a run (:data:`IN_RUN`, migration 010).
 """
 
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from itertools import repeat
@@ -17,18 +19,33 @@ from kdg.settings import TableName, table_name
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, SinkRows
 from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizons, keys_ms, now_ms
 
+# A key that is its record's own coordinates (``--id-from offset``, or a key's fallback) is claimed by them,
+# as a run of consecutive offsets (migration 010): ``"offset"`` the first, ``last_offset`` the last. OWN is that
+# key of a row alias's coordinates; IN_RUN whether a run of the claim table ($1 the sink table) holds any offset
+# of ``{lo}`` to ``{hi}`` of the row's partition: runs never overlap (each is made under the lock for keys
+# without a time, after this look-up), so only the run starting last at or before ``{hi}`` can, one step down
+# index kdg_dedup_runs.
+OWN = """({row}.topic || '/' || {row}."partition" || '/' || {row}."offset")"""
+IN_RUN = """coalesce((SELECT d.last_offset FROM {{claims}} d WHERE d.sink_table = $1 AND d.last_offset IS NOT NULL
+                   AND d.topic = {row}.topic AND d."partition" = {row}."partition" AND d."offset" <= {hi}
+                   ORDER BY d."offset" DESC LIMIT 1) >= {lo}, false)"""
+# the records a claim row stands for (a run's offsets, else one)
+CLAIMED_RECORDS = 'coalesce(last_offset - "offset" + 1, 1)'
+
 # Claim each staged key in its table's claim table (``kdg_dedup_<n>``, a partition of kdg_dedup); the
 # generic sink's fallback path (below) and the typed sink's TypedTarget.claim_sql use the same statement.
 # $1 the sink table's identity, $2 the time a key without one is claimed at, $3 the window's horizon.
 # A key whose time is below the horizon is not claimed (:data:`OUTSIDE`); a key without a time is
 # claimed only if no partition holds it yet — under the lock :func:`prepare_claims` took.
-CLAIM = """INSERT INTO {claims} (sink_table, idempotency_key, key_ms, topic, "partition", "offset")
+CLAIM = """INSERT INTO {claims} (sink_table, idempotency_key, key_ms, topic, "partition", "offset", last_offset)
            SELECT $1, s.idempotency_key, coalesce(kdg_key_ms(s.idempotency_key), $2), s.topic, s."partition",
-                  s."offset"
+                  s."offset", CASE WHEN s.idempotency_key = """ + OWN.format(row="s") + """ THEN s."offset" END
            FROM {stage} s
            WHERE ($3::bigint IS NULL OR coalesce(kdg_key_ms(s.idempotency_key), $2) >= $3)
              AND (kdg_key_ms(s.idempotency_key) IS NOT NULL OR NOT EXISTS (
-                  SELECT 1 FROM {claims} d WHERE d.sink_table = $1 AND d.idempotency_key = s.idempotency_key))
+                  SELECT 1 FROM {claims} d WHERE d.sink_table = $1 AND d.idempotency_key = s.idempotency_key)
+                  AND (s.idempotency_key <> """ + OWN.format(row="s") + """ OR NOT """ + IN_RUN.format(
+    row="s", lo='s."offset"', hi='s."offset"') + """))
            ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset\""""
 # a staged row whose key is older than the window: written without a claim
 OUTSIDE = "coalesce(kdg_key_ms(s.idempotency_key) < $3, false)"
@@ -37,6 +54,12 @@ OUTSIDE = "coalesce(kdg_key_ms(s.idempotency_key) < $3, false)"
 # planned as a hash of every claim of the table, rebuilt for each batch
 CLAIMED_BEFORE = """SELECT EXISTS (SELECT 1 FROM {claims} d WHERE d.sink_table = $1
                                   AND d.idempotency_key = ANY($2::text[]))"""
+# The same, and whether a run ($3..$6: topics, partitions, first and last offsets) overlaps a run claimed before:
+# one look-up of a batch's keys and runs (a run's first key is among the keys, in case another kind of key was
+# spelled the same).
+CLAIMED_OR_RUN = CLAIMED_BEFORE + """ OR EXISTS (
+    SELECT 1 FROM unnest($3::text[], $4::int[], $5::bigint[], $6::bigint[]) AS b(topic, "partition", lo, hi)
+    WHERE """ + IN_RUN.format(row="b", lo="b.lo", hi="b.hi") + ")"
 
 # The same, for keys this transaction copied in already (:attr:`Claims.early`), claimed at $3: a claim of one of
 # them at another time was made by another transaction (at the same time it would have failed that COPY).
@@ -49,6 +72,8 @@ CLAIMED_ELSEWHERE = """SELECT EXISTS (SELECT 1 FROM {claims} d WHERE d.sink_tabl
 EARLY = "kdg_early_claims"  # the savepoint an early COPY of claims goes in under
 
 DEDUP_COLUMNS = ("sink_table", "idempotency_key", "key_ms", "topic", "partition", "offset")  # a claim
+RUN_COLUMNS = (*DEDUP_COLUMNS, "last_offset")  # a claim as COPY writes it: a run, or one key (None)
+_OWN = "{}/{}/{}".format  # OWN in Python: a record's coordinates as its key
 _TIMELESS_LOCK = 0x6B646774  # "kdgt": claims of keys without a time, one transaction at a time per table
 
 
@@ -64,6 +89,9 @@ class Claims:
     early: bool = False            # copied in before the locks, under savepoint :data:`EARLY` (not looked up yet)
 
     timeless: list[str] = field(default_factory=list)  # the keys without a time (claimed at ``now``)
+    runs: list | None = None       # :meth:`split`: runs of offset keys, [topic, partition, first, last] each
+    singles: list[int] = field(default_factory=list)  # :meth:`split`: the rows whose key is claimed as such
+    _keyed: tuple = ()             # :meth:`split`: the claims' keys, topics, partitions and offsets
 
     @property
     def fast(self) -> bool:
@@ -78,21 +106,100 @@ class Claims:
         cannot fail on a key."""
         return len(self.timeless) == len(self.times) and len(set(self.timeless)) == len(self.timeless)
 
+    def split(self, keyed) -> bool:
+        """Sort a batch's claims into runs of offset keys (a key that is its record's coordinates, claimed by
+        them: :data:`IN_RUN`) and keys claimed as such, once; ``keyed`` as :meth:`rows` takes it. False if an
+        offset key comes twice or goes back in its partition: such a batch is claimed in SQL (:data:`CLAIM`)."""
+        if self.runs is not None:
+            return self.runs is not _BROKEN
+        keys, topics, partitions, offsets = _columns(keyed)
+        runs, singles, last = [], [], {}
+        for s, e in _stretches(topics, partitions, offsets):
+            t, p, lo, hi = topics[s], partitions[s], offsets[s], offsets[e - 1]
+            head = f"{t}/{p}/"  # the stretch's keys are its offsets' (the common case: one compare in C)
+            if "\n".join(keys[s:e]) == head + ("\n" + head).join(map(str, range(lo, hi + 1))):
+                pieces = [[lo, hi]]
+            else:
+                pieces = []
+                for i in range(s, e):
+                    if keys[i] != head + str(offsets[i]):
+                        singles.append(i)
+                    elif pieces and pieces[-1][1] == offsets[i] - 1:
+                        pieces[-1][1] = offsets[i]
+                    else:
+                        pieces.append([offsets[i], offsets[i]])
+            for lo, hi in pieces:
+                run = last.get((t, p))
+                if run is not None and lo <= run[3]:
+                    self.runs = _BROKEN
+                    return False
+                if run is not None and lo == run[3] + 1:
+                    run[3] = hi
+                else:
+                    last[(t, p)] = run = [t, p, lo, hi]
+                    runs.append(run)
+        self.runs, self.singles = runs, singles
+        self._keyed = keys, topics, partitions, offsets
+        return True
+
     def rows(self, keyed) -> Iterator[tuple]:
-        """Claim rows in :data:`DEDUP_COLUMNS` order, one at a time (COPY encodes each as it comes: a batch's
-        rows never all exist twice), from a batch's :class:`SinkRows` (zipped in C) or from
-        ``(key, topic, partition, offset)`` tuples."""
-        table, now = self.window.sink_table, self.now
-        times = [now if t is None else t for t in self.times] if self.timeless else self.times
-        if isinstance(keyed, SinkRows):
-            key, topic, partition, offset = keyed.columns[:4]
-            return zip(repeat(table, len(key)), key, times, topic, partition, offset)
-        return ((table, k, t, topic, p, o) for (k, topic, p, o), t in zip(keyed, times))
+        """Claim rows in :data:`RUN_COLUMNS` order, one at a time (COPY encodes each as it comes: a batch's rows
+        never all exist twice): each key claimed as such, then each run of offset keys (:meth:`split`), from a
+        batch's :class:`SinkRows`, its ``(keys, topics, partitions, offsets)`` columns, or ``(key, topic,
+        partition, offset)`` tuples."""
+        if not self.split(keyed):
+            raise ValueError("an offset key comes twice in this batch: claim it in SQL")
+        table, now, times = self.window.sink_table, self.now, self.times
+        keys, topics, partitions, offsets = self._keyed
+        for i in self.singles:
+            t = times[i]
+            yield table, keys[i], now if t is None else t, topics[i], partitions[i], offsets[i], None
+        for t, p, lo, hi in self.runs:
+            yield table, _OWN(t, p, lo), now, t, p, lo, hi
+
+    def looked_up(self) -> tuple:
+        """:data:`CLAIMED_OR_RUN`'s parameters after :meth:`split`: the keys without a time claimed as such, each
+        run's first key, and the runs as columns."""
+        keys, times = self._keyed[0], self.times
+        found = [keys[i] for i in self.singles if times[i] is None]
+        runs = list(zip(*self.runs)) or [(), (), (), ()]
+        return (self.window.sink_table, found + [_OWN(t, p, lo) for t, p, lo, _ in self.runs], *map(list, runs))
 
     @property
     def args(self) -> tuple:
         """:data:`CLAIM`'s parameters."""
         return self.window.sink_table, self.now, self.window.horizon_ms
+
+
+_BROKEN: list = []  # Claims.runs of a batch whose offset keys do not make runs
+
+
+def _columns(keyed) -> tuple[list, list, list, list]:
+    """A batch's claims as four columns: keys, topics, partitions, offsets (see :meth:`Claims.rows`)."""
+    if isinstance(keyed, SinkRows):
+        return tuple(keyed.columns[:4])
+    if isinstance(keyed, tuple) and len(keyed) == 4 and isinstance(keyed[0], list):
+        return keyed
+    found = list(zip(*keyed))
+    return tuple(map(list, found)) if found else ([], [], [], [])
+
+
+def _stretches(topics: list, partitions: list, offsets: list) -> Iterator[tuple[int, int]]:
+    """``(start, end)`` of each stretch of a batch's records that are one partition's consecutive offsets, in
+    order (found in C: a stretch ends where the next record is not the offset after)."""
+    n = len(offsets)
+    follows = list(map(operator.and_, map(operator.eq, offsets[1:], map(operator.add, offsets, repeat(1))),
+                       map(operator.eq, partitions[1:], partitions)))
+    if topics.count(topics[0] if n else None) != n:
+        follows = list(map(operator.and_, follows, map(operator.eq, topics[1:], topics)))
+    start = 0
+    while start < n:
+        try:
+            end = follows.index(False, start) + 1
+        except ValueError:
+            end = n
+        yield start, end
+        start = end
 
 
 async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[str], held: bool = False,
@@ -118,8 +225,8 @@ async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[st
     await ensure_parts(conn, window, timed + [claims.now] if timeless else timed)
     if timeless:
         claims.timeless = [k for k, t in zip(keys, times) if t is None]
-        if early is not None and claims.certain:
-            claims.early = await _copy_early(conn, claims, early)
+        if early is not None and claims.certain and claims.split(early) and not claims.runs:
+            claims.early = await _copy_early(conn, claims, early)  # (runs are a few rows: copied once looked up)
         if also is None:
             await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _TIMELESS_LOCK, window.relation)
         else:
@@ -143,7 +250,7 @@ async def _copy_early(conn: asyncpg.Connection, claims: Claims, keyed) -> bool:
 
 async def _copy(conn: asyncpg.Connection, claims: Claims, keyed) -> None:
     await conn.copy_records_to_table(claims.window.relation, schema_name=claims.window.schema,
-                                     records=claims.rows(keyed), columns=DEDUP_COLUMNS)
+                                     records=claims.rows(keyed), columns=RUN_COLUMNS)
 
 
 async def copy_claims(conn: asyncpg.Connection, claims: Claims, keyed) -> bool:
@@ -158,10 +265,11 @@ async def copy_all_claims(conn: asyncpg.Connection, tables: list[tuple[Claims, o
 
     The common case (every key new) costs one COPY a table instead of an INSERT … SELECT that returns each claim.
     A key with a time claimed before, or twice, has the same primary key and fails the COPY; a key without one
-    is claimed at ``now``, so a claim of it made earlier is looked for first (:data:`CLAIMED_BEFORE`, under
-    the lock :func:`prepare_claims` took), and twice in the batch fails the COPY like any other. Claims
-    copied in already (:attr:`Claims.early`) are looked up the same way (:data:`CLAIMED_ELSEWHERE`), and
-    taken back if one was claimed before.
+    is claimed at ``now``, so a claim of it made earlier is looked for first (:data:`CLAIMED_OR_RUN`, under
+    the lock :func:`prepare_claims` took), and twice in the batch fails the COPY like any other. Offset keys
+    go in as runs (:meth:`Claims.split`), looked up in the same statement; one that comes twice sends the batch
+    to SQL. Claims copied in already (:attr:`Claims.early`: a batch without offset keys) are looked up the
+    same way (:data:`CLAIMED_ELSEWHERE`), and taken back if one was claimed before.
     """
     if not all(claims.fast for claims, _ in tables):
         return False
@@ -173,9 +281,11 @@ async def copy_all_claims(conn: asyncpg.Connection, tables: list[tuple[Claims, o
         await conn.execute(f"ROLLBACK TO SAVEPOINT {EARLY}")
         claims.early = False
         return False
+    if not all(claims.split(keyed) for claims, keyed in tables):
+        return False
     for claims, _ in tables:
-        if claims.timeless and await conn.fetchval(CLAIMED_BEFORE.format(claims=claims.window.sql),
-                                                   claims.window.sink_table, claims.timeless):
+        if claims.timeless and await conn.fetchval(CLAIMED_OR_RUN.format(claims=claims.window.sql),
+                                                   *claims.looked_up()):
             return False
 
     async def copy():

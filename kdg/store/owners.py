@@ -19,6 +19,7 @@ import shlex
 
 from kdg.errors import StaleClaims
 from kdg.settings import TableName
+from kdg.store.claims import CLAIMED_RECORDS
 from kdg.store.windows import _HORIZON, _WINDOW, Window, _window, forget_dropped
 
 _OID = "SELECT to_regclass($1)::oid"
@@ -62,13 +63,14 @@ async def follow_new_table(conn, table: TableName) -> list[str]:
 async def count_claims(conn, window: Window) -> dict[str, int]:
     """The claims ``window`` holds, per topic their records came from."""
     return {r["topic"]: r["n"] for r in await conn.fetch(
-        f"SELECT topic, count(*) AS n FROM {window.sql} GROUP BY topic ORDER BY topic")}
+        f"SELECT topic, sum({CLAIMED_RECORDS})::bigint AS n FROM {window.sql} GROUP BY topic ORDER BY topic")}
 
 
-async def drop_claims(conn, relation: str, oid: int | None) -> dict[str, int] | None:
+async def drop_claims(conn, relation: str, oid: int | None, counted: bool = True) -> dict[str, int] | None:
     """Inside a transaction: delete every claim of window ``relation`` (emptied whole, never row by row) and
     record ``oid`` as its table (None: the next writer records the table it finds). The window stays, its
-    retention too; its horizon goes, as no claim is left to be older than. The claims deleted, per topic;
+    retention too; its horizon goes, as no claim is left to be older than. The claims deleted, per topic
+    (``counted`` False: not counted, {}; the benchmarks empty databases of older schemas too);
     None if the window is gone (its claim table dropped outside kdg)."""
     # exclusively, as maintenance does: claiming transactions in flight end first, later ones wait and then
     # read the window again (updated_at moves)
@@ -79,7 +81,7 @@ async def drop_claims(conn, relation: str, oid: int | None) -> dict[str, int] | 
     window = _window(row)
     if window.sink_oid == oid and oid is not None:
         return {}  # made again and recorded by another kdg meanwhile: its claims are this table's
-    claims = await count_claims(conn, window)
+    claims = await count_claims(conn, window) if counted else {}
     await conn.execute(f"TRUNCATE {window.sql}")
     await conn.execute("UPDATE kdg_windows SET horizon_ms = NULL, sink_oid = $2, updated_at = now() "
                        "WHERE relation = $1", relation, oid)
