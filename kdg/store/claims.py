@@ -11,6 +11,7 @@ in a run of its partition's consecutive offsets: one claim row a run (:data:`IN_
 import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import repeat
 
 import asyncpg
@@ -99,12 +100,16 @@ class Claims:
         :data:`CLAIMED_BEFORE` found none of them claimed)."""
         return not self.outside
 
-    @property
+    @cached_property
     def certain(self) -> bool:
-        """Every key is without a time and comes once: once :data:`CLAIMED_BEFORE` found none of them claimed
+        """Every key is without a time and comes once: once :data:`CLAIMED_OR_RUN` found none of them claimed
         (under the lock :func:`prepare_claims` took, so no other writer can claim one meanwhile), their COPY
-        cannot fail on a key."""
-        return len(self.timeless) == len(self.times) and len(set(self.timeless)) == len(self.timeless)
+        cannot fail on a key. (Read once the keys are sorted out; offset keys that made runs come once.)"""
+        if len(self.timeless) != len(self.times):
+            return False
+        if self.runs and self.runs is not _BROKEN and not self.singles:
+            return True
+        return len(set(self.timeless)) == len(self.timeless)
 
     def split(self, keyed) -> bool:
         """Sort a batch's claims into runs of offset keys (a key that is its record's coordinates, claimed by
@@ -224,8 +229,8 @@ async def prepare_claims(conn: asyncpg.Connection, window: Window, keys: list[st
         claims.outside = sum(1 for t in timed if t < horizon)
     await ensure_parts(conn, window, timed + [claims.now] if timeless else timed)
     if timeless:
-        claims.timeless = [k for k, t in zip(keys, times) if t is None]
-        if early is not None and claims.certain and claims.split(early) and not claims.runs:
+        claims.timeless = [k for k, t in zip(keys, times) if t is None] if timed else list(keys)
+        if early is not None and claims.split(early) and not claims.runs and claims.certain:
             claims.early = await _copy_early(conn, claims, early)  # (runs are a few rows: copied once looked up)
         if also is None:
             await conn.execute("SELECT pg_advisory_xact_lock($1, hashtext($2))", _TIMELESS_LOCK, window.relation)
