@@ -7,6 +7,7 @@ end-to-end proof (a crash at each step, then a second group finding every record
 ``test_typed_sink.py``'s crash test, which reads with ``--id-from offset``.
 """
 
+import asyncio
 import uuid
 
 from pg_server import fresh_database, run_sql
@@ -89,3 +90,47 @@ def test_claims_made_before_runs_are_runs_of_one_offset_after_the_migration(stac
             assert claims(store) == [("tp/0/7", 0, 7, 7), ("k-1", 0, 8, None)]
             assert not attempt(store, [own(0, 6), own(0, 7)])
             assert attempt(store, [own(0, 8), own(0, 9)])  # k-1 was another kind of key
+
+
+def test_two_writers_of_one_run_claim_it_once(stack):
+    """Two transactions claim overlapping offsets at once (two groups reading one partition into one table). The
+    second asks for the table's lock for keys without a time while the first holds it, then finds the first's
+    run, committed meanwhile, inside its own (not at its first offset): it claims in SQL only the offsets the
+    first did not. Nothing is claimed twice."""
+    import threading
+
+    batches = {"first": [own(0, o) for o in range(100)], "second": [own(0, o) for o in range(50, 150)]}
+    first_holds, results = threading.Event(), {}
+
+    def claim(store, name: str, hold=None):
+        batch = batches[name]
+        identity = store.ensure_sink_table(TABLE)
+
+        async def go():
+            async with store.conn.transaction():
+                window = await store._claim_window(identity)
+                claims = await prepare_claims(store.conn, window, [k for k, *_ in batch])
+                results[name] = await copy_all_claims(store.conn, [(claims, batch)])
+                if hold is not None:
+                    await hold()
+        store._run(go())
+
+    with fresh_database(stack.pg_dsn, f"kdg_{uuid.uuid4().hex[:10]}") as dsn:
+        apply_migrations(dsn)
+        with Store(dsn) as first, Store(dsn) as second:
+            async def until_the_second_waits():
+                first_holds.set()
+                for _ in range(200):
+                    if await first.conn.fetchval("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT "
+                                                 "granted AND pid = $1", second.conn.get_server_pid()):
+                        return
+                    await asyncio.sleep(0.05)
+                raise AssertionError("the second writer never waited for the lock")
+
+            thread = threading.Thread(target=lambda: (first_holds.wait(30), claim(second, "second")))
+            thread.start()
+            claim(first, "first", until_the_second_waits)
+            thread.join(60)
+            assert results == {"first": True, "second": False}, results
+            assert second.write_claimed(TABLE, "g", [(*row, None, b"v", "{}") for row in batches["second"]]) == 50
+            assert claims(first) == [("tp/0/0", 0, 0, 99)] + [(f"tp/0/{o}", 0, o, o) for o in range(100, 150)]
