@@ -256,13 +256,6 @@ class StagedRows:
             self._maker._watching = None
             watch.end(len(self.records))
 
-    def claim_keys(self) -> list[str]:
-        """The keys of :meth:`claims`, in its order, without making its tuples."""
-        dead = self._dead_seqs
-        if not dead:
-            return [pair[1] for pair in self.records]
-        return [key for seq, (_, key) in enumerate(self.records) if seq not in dead]
-
     def claims(self):
         """The claims of the rows made, as ``(keys, topics, partitions, offsets)`` columns (what
         :meth:`kdg.store.claims.Claims.rows` takes; ``zip(*…)`` for tuples)."""

@@ -12,7 +12,7 @@ import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
-from itertools import repeat
+from itertools import chain, repeat
 
 import asyncpg
 
@@ -91,8 +91,8 @@ class Claims:
 
     timeless: list[str] = field(default_factory=list)  # the keys without a time (claimed at ``now``)
     runs: list | None = None       # :meth:`split`: runs of offset keys, [topic, partition, first, last] each
-    singles: list[int] = field(default_factory=list)  # :meth:`split`: the rows whose key is claimed as such
-    _keyed: tuple = ()             # :meth:`split`: the claims' keys, topics, partitions and offsets
+    singles: list[int] | None = None  # :meth:`split`: the rows whose key is claimed as such (None: every row)
+    keyed: tuple = ()              # :meth:`split`: the claims' keys, topics, partitions and offsets (columns)
 
     @property
     def fast(self) -> bool:
@@ -114,16 +114,29 @@ class Claims:
     def split(self, keyed) -> bool:
         """Sort a batch's claims into runs of offset keys (a key that is its record's coordinates, claimed by
         them: :data:`IN_RUN`) and keys claimed as such, once; ``keyed`` as :meth:`rows` takes it. False if an
-        offset key comes twice or goes back in its partition: such a batch is claimed in SQL (:data:`CLAIM`)."""
+        offset key comes twice or goes back in its partition: such a batch is claimed in SQL (:data:`CLAIM`).
+        A batch with no offset key (every key with a time, or none spelling its stretch's prefix) is told in C,
+        and keeps every key as such (``singles`` None)."""
         if self.runs is not None:
             return self.runs is not _BROKEN
-        keys, topics, partitions, offsets = _columns(keyed)
+        keys, topics, partitions, offsets = self.keyed = _columns(keyed)
+        self.runs, self.singles = [], None
+        if not self.timeless:  # (an offset key carries no time)
+            return True
+        if keys[0] != _OWN(topics[0], partitions[0], offsets[0]):  # a batch of other keys is told at once
+            text = "\n".join(keys)
+            if not any(f"{t}/{p}/" in text for t, p in set(zip(topics, partitions))):
+                return True
         runs, singles, last = [], [], {}
         for s, e in _stretches(topics, partitions, offsets):
             t, p, lo, hi = topics[s], partitions[s], offsets[s], offsets[e - 1]
             head = f"{t}/{p}/"  # the stretch's keys are its offsets' (the common case: one compare in C)
-            if "\n".join(keys[s:e]) == head + ("\n" + head).join(map(str, range(lo, hi + 1))):
+            text = "\n".join(keys[s:e])
+            if text == head + ("\n" + head).join(map(str, range(lo, hi + 1))):
                 pieces = [[lo, hi]]
+            elif head not in text:  # none is (a key of another kind: in C too)
+                singles.extend(range(s, e))
+                continue
             else:
                 pieces = []
                 for i in range(s, e):
@@ -143,30 +156,30 @@ class Claims:
                 else:
                     last[(t, p)] = run = [t, p, lo, hi]
                     runs.append(run)
-        self.runs, self.singles = runs, singles
-        self._keyed = keys, topics, partitions, offsets
+        self.runs, self.singles = runs, singles if runs else None  # (no run: every row is a key as such)
         return True
 
     def rows(self, keyed) -> Iterator[tuple]:
         """Claim rows in :data:`RUN_COLUMNS` order, one at a time (COPY encodes each as it comes: a batch's rows
-        never all exist twice): each key claimed as such, then each run of offset keys (:meth:`split`), from a
-        batch's :class:`SinkRows`, its ``(keys, topics, partitions, offsets)`` columns, or ``(key, topic,
-        partition, offset)`` tuples."""
+        never all exist twice): each key claimed as such (zipped in C when all are), then each run of offset
+        keys (:meth:`split`), from a batch's :class:`SinkRows`, its ``(keys, topics, partitions, offsets)``
+        columns, or ``(key, topic, partition, offset)`` tuples."""
         if not self.split(keyed):
             raise ValueError("an offset key comes twice in this batch: claim it in SQL")
-        table, now, times = self.window.sink_table, self.now, self.times
-        keys, topics, partitions, offsets = self._keyed
-        for i in self.singles:
-            t = times[i]
-            yield table, keys[i], now if t is None else t, topics[i], partitions[i], offsets[i], None
-        for t, p, lo, hi in self.runs:
-            yield table, _OWN(t, p, lo), now, t, p, lo, hi
+        table, now = self.window.sink_table, self.now
+        keys, topics, partitions, offsets = self.keyed
+        times = [now if t is None else t for t in self.times] if self.timeless else self.times
+        if self.singles is None:
+            singles = zip(repeat(table), keys, times, topics, partitions, offsets, repeat(None))
+        else:
+            singles = ((table, keys[i], times[i], topics[i], partitions[i], offsets[i], None) for i in self.singles)
+        return chain(singles, ((table, _OWN(t, p, lo), now, t, p, lo, hi) for t, p, lo, hi in self.runs))
 
     def looked_up(self) -> tuple:
         """:data:`CLAIMED_OR_RUN`'s parameters after :meth:`split`: the keys without a time claimed as such, each
         run's first key, and the runs as columns."""
-        keys, times = self._keyed[0], self.times
-        found = [keys[i] for i in self.singles if times[i] is None]
+        keys, times = self.keyed[0], self.times
+        found = self.timeless if self.singles is None else [keys[i] for i in self.singles if times[i] is None]
         runs = list(zip(*self.runs)) or [(), (), (), ()]
         return (self.window.sink_table, found + [_OWN(t, p, lo) for t, p, lo, _ in self.runs], *map(list, runs))
 

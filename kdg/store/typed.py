@@ -222,8 +222,10 @@ async def prepare_batch(conn: asyncpg.Connection, window: Window, rows: StagedRo
     None when no row is staged."""
     if not rows.count:
         return None
-    return await prepare_claims(conn, window, rows.claim_keys(), also=also,
-                                early=rows.claims() if early else None)
+    keyed = rows.claims()
+    claims = await prepare_claims(conn, window, keyed[0], also=also, early=keyed if early else None)
+    claims.split(keyed)  # (once: write_batch's COPY takes the claims from here)
+    return claims
 
 
 async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: StagedRows, *,
@@ -238,7 +240,7 @@ async def write_batch(conn: asyncpg.Connection, target: TypedTarget, rows: Stage
     if claims is not None:
         window = claims.window
         result.outside = claims.outside
-        if not await copy_claims(conn, claims, rows.claims()):
+        if not await copy_claims(conn, claims, claims.keyed):
             if target.reprocess:
                 result.duplicates, duplicate_tombs, result.again = await conn.fetchrow(
                     reprocess_claim_sql(target, window.sql), *claims.args)
