@@ -33,20 +33,35 @@ IN_RUN = """coalesce((SELECT d.last_offset FROM {{claims}} d WHERE d.sink_table 
 # the records a claim row stands for (a run's offsets, else one)
 CLAIMED_RECORDS = 'coalesce(last_offset - "offset" + 1, 1)'
 
+
+def claimable(row: str, key: str, ms: str) -> str:
+    """The condition under which a row (alias ``row``, its key ``key``, the time it carries ``ms``: NULL for none)
+    is claimed now, in a statement whose $1 is the sink table's identity, $2 the time a key without one is
+    claimed at, $3 the window's horizon: a key below the horizon is not claimed, nor is a key without a time
+    that a partition holds already, as itself or (an offset key) in a run. :data:`CLAIM` and
+    :data:`kdg.store.filtered.MARK` share it."""
+    own = OWN.format(row=row)
+    return f"""($3::bigint IS NULL OR coalesce({ms}, $2) >= $3)
+               AND ({ms} IS NOT NULL OR NOT EXISTS (
+                    SELECT 1 FROM {{claims}} d WHERE d.sink_table = $1 AND d.idempotency_key = {key})
+                    AND ({key} <> {own} OR NOT {IN_RUN.format(row=row, lo=f'{row}."offset"', hi=f'{row}."offset"')}))"""
+
+
+def run_end(row: str, key: str) -> str:
+    """A claim's ``last_offset``: its own offset for an offset key (a run of one), else NULL."""
+    return f'CASE WHEN {key} = {OWN.format(row=row)} THEN {row}."offset" END'
+
+
 # Claim each staged key in its table's claim table (``kdg_dedup_<n>``, a partition of kdg_dedup); the
 # generic sink's fallback path (below) and the typed sink's TypedTarget.claim_sql use the same statement.
 # $1 the sink table's identity, $2 the time a key without one is claimed at, $3 the window's horizon.
 # A key whose time is below the horizon is not claimed (:data:`OUTSIDE`); a key without a time is
 # claimed only if no partition holds it yet — under the lock :func:`prepare_claims` took.
-CLAIM = """INSERT INTO {claims} (sink_table, idempotency_key, key_ms, topic, "partition", "offset", last_offset)
+CLAIM = f"""INSERT INTO {{claims}} (sink_table, idempotency_key, key_ms, topic, "partition", "offset", last_offset)
            SELECT $1, s.idempotency_key, coalesce(kdg_key_ms(s.idempotency_key), $2), s.topic, s."partition",
-                  s."offset", CASE WHEN s.idempotency_key = """ + OWN.format(row="s") + """ THEN s."offset" END
-           FROM {stage} s
-           WHERE ($3::bigint IS NULL OR coalesce(kdg_key_ms(s.idempotency_key), $2) >= $3)
-             AND (kdg_key_ms(s.idempotency_key) IS NOT NULL OR NOT EXISTS (
-                  SELECT 1 FROM {claims} d WHERE d.sink_table = $1 AND d.idempotency_key = s.idempotency_key)
-                  AND (s.idempotency_key <> """ + OWN.format(row="s") + """ OR NOT """ + IN_RUN.format(
-    row="s", lo='s."offset"', hi='s."offset"') + """))
+                  s."offset", {run_end("s", "s.idempotency_key")}
+           FROM {{stage}} s
+           WHERE {claimable("s", "s.idempotency_key", "kdg_key_ms(s.idempotency_key)")}
            ON CONFLICT DO NOTHING RETURNING idempotency_key, "partition", "offset\""""
 # a staged row whose key is older than the window: written without a claim
 OUTSIDE = "coalesce(kdg_key_ms(s.idempotency_key) < $3, false)"

@@ -11,24 +11,19 @@ A batch without a filtered record costs nothing here: no statement is sent.
 """
 
 from kdg.settings import TableName
-from kdg.store.claims import IN_RUN, OWN, prepare_claims
+from kdg.store.claims import claimable, prepare_claims, run_end
 
 # As claims.CLAIM, from arrays rather than a staged table, each claim marked filtered. $1 the sink table's
 # identity, $2 the time a key without one is claimed at, $3 the window's horizon (a key below it: no claim),
 # $4..$8 the keys, their times (as kdg.store.windows.keys_ms reads them: NULL for a key without one), topics,
 # partitions and offsets. A key claimed already (a row was written for it, or it was filtered before) keeps
 # its claim. An offset key is claimed as a run of one offset, never merged: a filtered record's run says so.
-MARK = """INSERT INTO {claims} (sink_table, idempotency_key, key_ms, topic, "partition", "offset", filtered,
-                              last_offset)
-          SELECT $1, f.k, coalesce(f.ms, $2), f.topic, f."partition", f."offset", true,
-                 CASE WHEN f.k = """ + OWN.format(row="f") + """ THEN f."offset" END
+MARK = f"""INSERT INTO {{claims}} (sink_table, idempotency_key, key_ms, topic, "partition", "offset", filtered,
+                               last_offset)
+          SELECT $1, f.k, coalesce(f.ms, $2), f.topic, f."partition", f."offset", true, {run_end("f", "f.k")}
           FROM unnest($4::text[], $5::bigint[], $6::text[], $7::int[], $8::bigint[]) AS f(k, ms, topic, "partition",
                                                                                           "offset")
-          WHERE ($3::bigint IS NULL OR coalesce(f.ms, $2) >= $3)
-            AND (f.ms IS NOT NULL OR NOT EXISTS (
-                 SELECT 1 FROM {claims} d WHERE d.sink_table = $1 AND d.idempotency_key = f.k)
-                 AND (f.k <> """ + OWN.format(row="f") + """ OR NOT """ + IN_RUN.format(
-    row="f", lo='f."offset"', hi='f."offset"') + """))
+          WHERE {claimable("f", "f.k", "f.ms")}
           ON CONFLICT DO NOTHING"""
 
 
