@@ -115,6 +115,14 @@ def test_two_schemas_in_a_batch_or_a_bad_timestamp_fall_back_with_the_reason():
     other = {**SCHEMA, "name": "v2"}
     rows, dead, took = _both(WRAPPED, _records([_wrapped(i) for i in range(4)] + [_wrapped(5, other)]))
     assert not took and len(rows) == 5 and not dead
+    # a schema of the same length (a logical type's name changed: the value is the plain number), and an envelope
+    # left open: each is read with its own schema, or dead-lettered, not cut out as its neighbours' payload
+    same_length = json.loads(json.dumps(SCHEMA).replace("data.Timestamp", "data.Timestamx"))
+    values = [json.dumps(_wrapped(i), separators=(",", ":")).encode() for i in range(4)]
+    for odd in (json.dumps(_wrapped(5, same_length), separators=(",", ":")).encode(), values[1][:-1] + b"]"):
+        rows, dead, took = _both(WRAPPED, _records([], values + [odd]))
+        assert not took and len(rows) + len(dead) == 5
+    assert rows and dead and "at" not in dead[0][1]
     bad = _wrapped(6)
     bad["payload"]["at"] = "yesterday"
     rows, dead, took = _both(WRAPPED, _records([_wrapped(i) for i in range(4)] + [bad]))
