@@ -81,6 +81,7 @@ def drop_sink_tables(dsn: str, tables: list, *statements: tuple) -> None:
 
     from kdg.store.identity import resolve_table
     from kdg.store.owners import drop_claims
+    from kdg.store.windows import quote_ident
 
     if not tables:
         return
@@ -91,8 +92,11 @@ def drop_sink_tables(dsn: str, tables: list, *statements: tuple) -> None:
             names = [(await resolve_table(conn, t)).text for t in tables]
             for relation in await conn.fetch("SELECT relation FROM kdg_windows WHERE sink_table = ANY($1::text[])",
                                              names):
-                async with conn.transaction():
-                    await drop_claims(conn, relation["relation"], None, counted=False)
+                try:
+                    async with conn.transaction():
+                        await drop_claims(conn, relation["relation"], None, counted=False)
+                except asyncpg.UndefinedColumnError:  # a kdg before the registry's sink_oid (a baseline's database)
+                    await conn.execute(f"TRUNCATE {quote_ident(relation['relation'])}")
             return names
         finally:
             await conn.close()
