@@ -581,10 +581,10 @@ def _send_transactional(req, producer, outcomes, make_id, report) -> None:
         if producer.in_transaction:
             # its records are delivered first: an abort racing the partitions' registration with the
             # coordinator can be refused as INVALID_TXN_STATE (librdkafka#4849), fatal for the producer
-            producer.flush(req.shutdown.timeout / 2)
             try:
+                producer.flush(req.shutdown.timeout / 2)
                 producer.abort()
-            except ProducerFatal as exc:
+            except ProducerFatal as exc:  # (a fatal error met while its records were delivered, or aborting)
                 producer.recover(exc)  # the new client's init_transactions aborts it
             report.open_transaction_aborted = True
         return

@@ -170,3 +170,28 @@ def test_rows_of_a_transaction_a_kill_left_uncommitted_are_settled_failed_by_the
     with Store(conn.pg_dsn) as store:
         failed = store.fetchval("SELECT count(*) FROM kdg_ledger_keys WHERE topic = $1 AND status = 'failed'", topic)
     assert failed == 1000
+
+
+def test_a_fatal_error_served_with_delivery_reports_comes_out_as_kdg_s_own(conn, topic):
+    """A transactional producer fenced while its records wait to be sent: its flush meets librdkafka's fatal
+    event, which confluent-kafka raises itself, then the records' delivery reports, whose callback then fails
+    with a SystemError caused by it. Both come out of flush as ProducerFatal (what produce's renewal and its
+    clean stop handle), not as an unexpected SystemError."""
+    from kdg.errors import ProducerFatal
+    from kdg.guarantees import policy_for
+    from kdg.kafka.producer import DeliveryReports, KdgProducer
+
+    policy, tid = policy_for("exactly-once"), f"kdg-fenced-{uuid.uuid4().hex[:8]}"
+    old = KdgProducer(policy, conn.bootstrap_servers, {"linger.ms": 10_000}, transactional_id=tid)  # (unsent)
+    old.begin()
+    reports = DeliveryReports()
+    n = 50
+    old.send_many(topic, [b"v"] * n, [None] * n, [None] * n, [None] * n, reports.trackers([f"k{i}" for i in range(n)],
+                                                                                         list(range(n))))
+    new = KdgProducer(policy, conn.bootstrap_servers, transactional_id=tid)  # its init fences the old one
+    try:
+        with pytest.raises(ProducerFatal) as caught:
+            old.flush(30)
+        assert caught.value.fenced and "another producer took this transactional.id over" in str(caught.value)
+    finally:
+        new.abort()

@@ -92,6 +92,16 @@ def _arrive(append, key: str, seq: int, head: str | None, err: KafkaError | None
         append((key, seq, None, None, err.name(), err.str(), head))
 
 
+def raised_error(exc: BaseException) -> KafkaError | None:
+    """The KafkaError a client call raised: a KafkaException's, or the one behind the SystemError confluent-kafka
+    raises when a callback is served after one of its own raised (the exception it raised is the cause)."""
+    if isinstance(exc, SystemError):
+        exc = exc.__cause__
+    if isinstance(exc, KafkaException) and exc.args and isinstance(exc.args[0], KafkaError):
+        return exc.args[0]
+    return None
+
+
 # Errors a broker answers a record with that it would answer again, however often the record is sent
 REFUSED_FOR_GOOD = frozenset({"MSG_SIZE_TOO_LARGE", "_MSG_SIZE_TOO_LARGE", "RECORD_LIST_TOO_LARGE", "INVALID_RECORD",
                               "INVALID_TIMESTAMP", "TOPIC_AUTHORIZATION_FAILED"})
@@ -172,7 +182,12 @@ class KdgProducer:
         """``err`` (fatal) as kdg's error; a bare _FATAL (what a call answers once the client is dead) is
         replaced by the error that killed it, as error_cb heard it."""
         if err.code() == KafkaError._FATAL and self._fatal is None:
-            self._producer.poll(0)  # serve error_cb: it names the cause
+            try:
+                self._producer.poll(0)  # serve the fatal event: error_cb (or confluent-kafka, raising it) names it
+            except (KafkaException, SystemError) as exc:
+                found = raised_error(exc)
+                if found is not None and found.fatal():
+                    self._fatal = found
         cause = self._fatal if err.code() == KafkaError._FATAL and self._fatal is not None else err
         fenced = cause.code() in _FENCED
         hint = " (another producer took this transactional.id over)" if fenced else ""
@@ -215,7 +230,7 @@ class KdgProducer:
                 produce(topic, value, key, partition, on_delivery, None, 0, headers)
                 return
             except BufferError:
-                self._producer.poll(0.05)  # queue full: serve delivery reports, then try again
+                self.poll(0.05)  # queue full: serve delivery reports, then try again
             except KafkaException as exc:
                 raise self._refused(topic, exc) from exc
 
@@ -239,7 +254,7 @@ class KdgProducer:
                     stopped_at = args[n - length_hint(pending) - 1]
                 except KafkaException as exc:
                     raise self._refused(topic, exc) from exc
-                self._producer.poll(0.05)  # queue full: serve delivery reports, then that record again
+                self.poll(0.05)  # queue full: serve delivery reports, then that record again
                 t, value, key, partition, callback, _, _, hdrs = stopped_at
                 self.send(t, value, key, hdrs, partition, callback)
         except KdgError as exc:
@@ -254,7 +269,7 @@ class KdgProducer:
         return DeliveryError(f"produce to {topic} failed: {exc.args[0].str()}")
 
     def poll(self, timeout: float = 0) -> int:
-        return self._producer.poll(timeout)
+        return self._serving("poll", timeout)
 
     def _count_failure(self, err: KafkaError, msg) -> None:
         self._failures[err.name()] += 1
@@ -265,8 +280,23 @@ class KdgProducer:
         return taken
 
     def flush(self, timeout: float = 120) -> int:
-        remaining = self._producer.flush(timeout)
-        return remaining
+        return self._serving("flush", timeout)
+
+    def _serving(self, name: str, timeout: float) -> int:
+        """``poll`` or ``flush``, which serve the client's callbacks. A fatal error comes out of them as
+        :class:`ProducerFatal`: confluent-kafka raises librdkafka's fatal event itself (it never reaches
+        ``error_cb``), and when a delivery report is served after it, as a SystemError that the
+        KafkaException caused (``_arrive returned a result with an exception set``). kdg's own error raised in
+        ``error_cb`` (a refused login) comes out as itself."""
+        try:
+            return getattr(self._producer, name)(timeout)
+        except (KafkaException, SystemError) as exc:
+            if isinstance(exc, SystemError) and isinstance(exc.__cause__, KdgError):
+                raise exc.__cause__ from None
+            err = raised_error(exc)
+            if err is None or not (err.fatal() or err.code() == KafkaError._FATAL):
+                raise
+            raise self._fatal_error(name, err) from exc
 
     def deliver(self, what: str, timeout: float = 120) -> None:
         """Flush, then raise :class:`DeliveryError` unless every record sent so far was delivered: none
