@@ -8,7 +8,7 @@ from kdg.errors import UsageError
 from kdg.mapping import parse_source
 from kdg.mapping.events import RecordReader
 from kdg.mapping.sources import ENVELOPE_KINDS
-from kdg.records import Record
+from kdg.records import Record, offset_key
 
 FORMS = "header:NAME, json:FIELD, json:/POINTER, source:FIELD, envelope:FIELD or offset"
 
@@ -57,7 +57,7 @@ class KeyResolver:
             doc = self._reader.document(rec)
             return self._reader.texts(rec, None, doc, ("--id-from " + self.spec,))[0]
         if self.kind == "offset":
-            return f"{rec.topic}/{rec.partition}/{rec.offset}"
+            return offset_key(rec.topic, rec.partition, rec.offset)
         return None
 
     def key_or_fallback(self, rec: Record, *, fallback: bool) -> str | None:
@@ -67,7 +67,7 @@ class KeyResolver:
         except ValueError:
             found = None
         if found is None and fallback:
-            return f"{rec.topic}/{rec.partition}/{rec.offset}"
+            return offset_key(rec.topic, rec.partition, rec.offset)
         return found
 
     def missing(self, rec: Record) -> str:

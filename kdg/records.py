@@ -16,6 +16,14 @@ ID_HEADER = "kdg-id"
 SEQ_HEADER = "kdg-seq"
 GROUP_HEADER = "kdg-group"  # on a Kafka sink's output: the consumer group that wrote it (kdg audit --sink kafka:)
 PROBE_HEADER = "kdg-doctor"  # `kdg doctor --topic`'s permission probe: no kdg-id, never written by a consumer
+# a record's own coordinates as its idempotency key (an offset key): `--id-from offset`, and a key's fallback;
+# claimed by them as runs of offsets (kdg.store.claims, whose SQL spells it as OWN)
+offset_key = "{}/{}/{}".format
+
+
+def offset_prefix(topic: str, partition: int) -> str:
+    """What every offset key (:data:`offset_key`) of one partition starts with."""
+    return f"{topic}/{partition}/"
 
 
 class Uuid7Maker:

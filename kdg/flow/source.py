@@ -13,7 +13,7 @@ from operator import add
 from kdg.errors import UsageError
 from kdg.flow.routes import Router
 from kdg.keys import KeyResolver
-from kdg.records import Record, all_utf8
+from kdg.records import Record, all_utf8, offset_key, offset_prefix
 from kdg.sinks import Batch
 
 
@@ -168,7 +168,7 @@ def sort_each(msgs, keys: Keys, req, must_have_key: bool) -> Batch:
             if must_have_key:
                 raise UsageError(f"{resolver.missing(rec)}; exactly-once needs an idempotency key for every "
                                  "record (nothing of this batch was written)")
-            key = f"{topic}/{partition}/{offset}"
+            key = offset_key(topic, partition, offset)
         records.append((rec, key))
     return batch
 
@@ -205,7 +205,7 @@ def sort_headerless(msgs, keys: Keys, req, must_have_key: bool) -> Batch | None:
         last = max(offsets[i:i + n]) + 1
         if last > after.get(tp, 0):
             after[tp] = last
-        keys += map(add, repeat(f"{tp[0]}/{tp[1]}/", n), map(str, offsets[i:i + n]))
+        keys += map(add, repeat(offset_prefix(*tp), n), map(str, offsets[i:i + n]))
         i += n
     batch.records = list(zip(map(Record, values, [m.key() for m in msgs], [[] for _ in msgs], partitions, topics,
                                  offsets, stamps), keys))

@@ -16,13 +16,14 @@ from itertools import chain, repeat
 
 import asyncpg
 
+from kdg.records import offset_key, offset_prefix
 from kdg.settings import TableName, table_name
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, SinkRows
 from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizons, keys_ms, now_ms
 
 # A key that is its record's own coordinates (``--id-from offset``, or a key's fallback) is claimed by them,
 # as a run of consecutive offsets (migration 010): ``"offset"`` the first, ``last_offset`` the last. OWN is that
-# key of a row alias's coordinates; IN_RUN whether a run of the claim table ($1 the sink table) holds any offset
+# key of a row alias's coordinates (kdg.records.offset_key, in SQL); IN_RUN whether a run of the claim table ($1 the sink table) holds any offset
 # of ``{lo}`` to ``{hi}`` of the row's partition: runs never overlap (each is made under the lock for keys
 # without a time, after this look-up), so only the run starting last at or before ``{hi}`` can, one step down
 # index kdg_dedup_runs.
@@ -89,7 +90,6 @@ EARLY = "kdg_early_claims"  # the savepoint an early COPY of claims goes in unde
 
 DEDUP_COLUMNS = ("sink_table", "idempotency_key", "key_ms", "topic", "partition", "offset")  # a claim
 RUN_COLUMNS = (*DEDUP_COLUMNS, "last_offset")  # a claim as COPY writes it: a run, or one key (None)
-_OWN = "{}/{}/{}".format  # OWN in Python: a record's coordinates as its key
 _TIMELESS_LOCK = 0x6B646774  # "kdgt": claims of keys without a time, one transaction at a time per table
 
 
@@ -138,14 +138,14 @@ class Claims:
         self.runs, self.singles = [], None
         if not self.timeless:  # (an offset key carries no time)
             return True
-        if keys[0] != _OWN(topics[0], partitions[0], offsets[0]):  # a batch of other keys is told at once
+        if keys[0] != offset_key(topics[0], partitions[0], offsets[0]):  # a batch of other keys is told at once
             text = "\n".join(keys)
-            if not any(f"{t}/{p}/" in text for t, p in set(zip(topics, partitions))):
+            if not any(offset_prefix(t, p) in text for t, p in set(zip(topics, partitions))):
                 return True
         runs, singles, last = [], [], {}
         for s, e in _stretches(topics, partitions, offsets):
             t, p, lo, hi = topics[s], partitions[s], offsets[s], offsets[e - 1]
-            head = f"{t}/{p}/"  # the stretch's keys are its offsets' (the common case: one compare in C)
+            head = offset_prefix(t, p)  # the stretch's keys are its offsets' (the common case: one compare in C)
             text = "\n".join(keys[s:e])
             if text == head + ("\n" + head).join(map(str, range(lo, hi + 1))):
                 pieces = [[lo, hi]]
@@ -188,7 +188,7 @@ class Claims:
             singles = zip(repeat(table), keys, times, topics, partitions, offsets, repeat(None))
         else:
             singles = ((table, keys[i], times[i], topics[i], partitions[i], offsets[i], None) for i in self.singles)
-        return chain(singles, ((table, _OWN(t, p, lo), now, t, p, lo, hi) for t, p, lo, hi in self.runs))
+        return chain(singles, ((table, offset_key(t, p, lo), now, t, p, lo, hi) for t, p, lo, hi in self.runs))
 
     def looked_up(self) -> tuple:
         """:data:`CLAIMED_OR_RUN`'s parameters after :meth:`split`: the keys without a time claimed as such, each
@@ -196,7 +196,7 @@ class Claims:
         keys, times = self.keyed[0], self.times
         found = self.timeless if self.singles is None else [keys[i] for i in self.singles if times[i] is None]
         runs = list(zip(*self.runs)) or [(), (), (), ()]
-        return (self.window.sink_table, found + [_OWN(t, p, lo) for t, p, lo, _ in self.runs], *map(list, runs))
+        return (self.window.sink_table, found + [offset_key(t, p, lo) for t, p, lo, _ in self.runs], *map(list, runs))
 
     @property
     def args(self) -> tuple:
