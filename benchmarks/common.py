@@ -94,8 +94,8 @@ def drop_sink_tables(dsn: str, tables: list, *statements: tuple) -> None:
                                              names):
                 try:
                     async with conn.transaction():
-                        await drop_claims(conn, relation["relation"], None, counted=False)
-                except asyncpg.UndefinedColumnError:  # a kdg before the registry's sink_oid (a baseline's database)
+                        await drop_claims(conn, relation["relation"], None)
+                except asyncpg.UndefinedColumnError:  # an older kdg's claims (a baseline's database): emptied alone
                     await conn.execute(f"TRUNCATE {quote_ident(relation['relation'])}")
             return names
         finally:

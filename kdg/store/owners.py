@@ -66,11 +66,10 @@ async def count_claims(conn, window: Window) -> dict[str, int]:
         f"SELECT topic, sum({CLAIMED_RECORDS})::bigint AS n FROM {window.sql} GROUP BY topic ORDER BY topic")}
 
 
-async def drop_claims(conn, relation: str, oid: int | None, counted: bool = True) -> dict[str, int] | None:
+async def drop_claims(conn, relation: str, oid: int | None) -> dict[str, int] | None:
     """Inside a transaction: delete every claim of window ``relation`` (emptied whole, never row by row) and
     record ``oid`` as its table (None: the next writer records the table it finds). The window stays, its
-    retention too; its horizon goes, as no claim is left to be older than. The claims deleted, per topic
-    (``counted`` False: not counted, {}; the benchmarks empty databases of older schemas too);
+    retention too; its horizon goes, as no claim is left to be older than. The claims deleted, per topic;
     None if the window is gone (its claim table dropped outside kdg)."""
     # exclusively, as maintenance does: claiming transactions in flight end first, later ones wait and then
     # read the window again (updated_at moves)
@@ -81,7 +80,7 @@ async def drop_claims(conn, relation: str, oid: int | None, counted: bool = True
     window = _window(row)
     if window.sink_oid == oid and oid is not None:
         return {}  # made again and recorded by another kdg meanwhile: its claims are this table's
-    claims = await count_claims(conn, window) if counted else {}
+    claims = await count_claims(conn, window)
     await conn.execute(f"TRUNCATE {window.sql}")
     await conn.execute("UPDATE kdg_windows SET horizon_ms = NULL, sink_oid = $2, updated_at = now() "
                        "WHERE relation = $1", relation, oid)
