@@ -197,6 +197,67 @@ class Record(msgspec.Struct, gc=False):
         return self.header(PROBE_HEADER) is not None and self.header(ID_HEADER) is None
 
 
+class RecordColumns:
+    """A poll's good records as columns, as :func:`kdg.flow.source.sort_headerless` sorts a poll none of whose
+    messages has headers: the ``(record, key)`` pairs a batch holds are made only if something asks for them.
+
+    The typed sink's batch read (:mod:`kdg.mapping.batch_read`), its claims and the generic table's rows take the
+    columns as they are, so the common batch makes no :class:`Record` and no pair per message (about 1 µs a
+    record, half of it freeing them). Anything else reads it as the list of pairs it stands for: indexed,
+    iterated, counted or added to, the pairs are made once (:meth:`pairs`) and the columns are done with."""
+
+    __slots__ = ("values", "keys", "partitions", "topics", "offsets", "stamps", "ids", "_pairs")
+
+    def __init__(self, values: list, keys: list, partitions: list, topics: list, offsets: list, stamps: list,
+                 ids: list):
+        self.values, self.keys, self.partitions, self.topics = values, keys, partitions, topics
+        self.offsets, self.stamps, self.ids = offsets, stamps, ids  # ids: each record's idempotency key
+        self._pairs: list | None = None
+
+    @property
+    def columnar(self) -> bool:
+        """Whether the columns still stand for the records (no pair made yet: nothing may have changed them)."""
+        return self._pairs is None
+
+    def pairs(self) -> list[tuple[Record, str]]:
+        """The ``(record, key)`` pairs, each record as the record-by-record sort makes one without headers."""
+        if self._pairs is None:
+            n = len(self.ids)
+            self._pairs = list(zip(map(Record, self.values, self.keys, [[] for _ in range(n)], self.partitions,
+                                       self.topics, self.offsets, self.stamps), self.ids))
+            self.values = self.keys = self.partitions = self.topics = self.offsets = self.stamps = self.ids = None
+        return self._pairs
+
+    def take(self, runs: list[tuple[int, int]]) -> "RecordColumns":
+        """The records of ``runs`` (``(start, end)`` each, in order) as columns of their own, a slice a run."""
+        if len(runs) == 1 and runs[0] == (0, len(self)):
+            return self
+        cut = []
+        for column in (self.values, self.keys, self.partitions, self.topics, self.offsets, self.stamps, self.ids):
+            part: list = []
+            for start, end in runs:
+                part += column[start:end]
+            cut.append(part)
+        return RecordColumns(*cut)
+
+    def __len__(self) -> int:
+        return len(self.ids) if self._pairs is None else len(self._pairs)
+
+    def __iter__(self):
+        return iter(self.pairs())
+
+    def __getitem__(self, index):
+        return self.pairs()[index]
+
+    def __add__(self, other: list) -> list:
+        return self.pairs() + list(other)
+
+    def __eq__(self, other) -> bool:
+        return self.pairs() == (other.pairs() if isinstance(other, RecordColumns) else other)
+
+    __hash__ = None
+
+
 def all_utf8(data: bytes) -> bool:
     """Whether ``data`` (a poll's values joined) is UTF-8; ASCII is, and is checked without making the text (0.3 µs
     a record of the Connect benchmark's)."""

@@ -296,6 +296,7 @@ HEADERLESS = {  # name: (messages, --id-from, exactly-once, whether the list-at-
 @pytest.mark.parametrize("name", HEADERLESS)
 def test_the_list_at_a_time_sort_makes_what_the_record_at_a_time_sort_makes(name):
     from kdg.flow.source import sort_each, sort_headerless
+    from kdg.flow.transform import generic_rows
 
     msgs, id_from, exactly, taken = HEADERLESS[name]
     req = ConsumeRequest(["t", "u"], "g", "exactly-once" if exactly else "at-least-once", Connection("b", "d"),
@@ -306,6 +307,9 @@ def test_the_list_at_a_time_sort_makes_what_the_record_at_a_time_sort_makes(name
     if fast is None:
         return
     slow = sort_each(list(msgs), keys, req, must_have_key=exactly)
+    # what reads the columns as they are (before anything makes the pairs) reads what the pairs hold
+    assert fast.records.columnar and fast.topic_partitions() == slow.topic_partitions()
+    assert generic_rows(fast.records).columns == generic_rows(slow.records).columns
     assert [(r, k) for r, k in fast.records] == [(r, k) for r, k in slow.records] and not slow.dead
     assert (fast.first_offsets, fast.next_offsets, fast.first_timestamps) == \
         (slow.first_offsets, slow.next_offsets, slow.first_timestamps)

@@ -44,6 +44,44 @@ def test_a_pattern_reads_a_topic_created_later_and_keeps_positions_it_has(kdg, k
         assert (found["lost"], found["duplicates"], found["pending"]) == (0, 0, 0), found
 
 
+def test_polls_of_several_topics_sorted_as_columns_give_each_table_its_own_records(kdg, conn, group, tmp_path):
+    """Records without headers (what Connect and Debezium write) of three topics, in fetches small enough that
+    each poll holds runs of all three. Two upsert into typed tables, the third goes to a generic table, under
+    exactly-once with offset keys. Such polls are sorted as columns, and each table's share of one is cut
+    from them by runs: every table holds its own topic's records, each once."""
+    prefix = f"col{uuid.uuid4().hex[:6]}"
+    producer, ids = Producer({"bootstrap.servers": conn.bootstrap_servers}), 400
+    for name in "abc":
+        ensure_topic(conn.bootstrap_servers, f"{prefix}.{name}", partitions=2)
+    for i in range(ids):
+        for name in "abc":
+            producer.produce(f"{prefix}.{name}", json.dumps({"id": i, "v": f"{name}{i}"}).encode(), partition=i % 2)
+    producer.flush(30)
+    typed = "".join(f"""[[route]]
+topics = ["{prefix}.{name}"]
+table = "{prefix}_{name}"
+mode = "upsert"
+key = ["id"]
+create_table = true
+[route.columns]
+id = {{ type = "bigint", from = "json:id" }}
+v = {{ type = "text", from = "json:v" }}
+""" for name in "ab")
+    pipeline = tmp_path / "columns.toml"
+    pipeline.write_text(typed + f'[[route]]\ntopics = ["{prefix}.c"]\ntable = "{prefix}_c"\n')
+    report = as_json(kdg("consume", "--pipeline", pipeline, "-G", group, "-g", "exactly-once", "--id-from", "offset",
+                         "-o", "beginning", "-e", "--batch-size", 200, "-X", "max.partition.fetch.bytes=2048",
+                         "--json"))
+    assert report["consumed"] == 3 * ids and report["dead_lettered"] == 0, report
+    with Store(conn.pg_dsn) as store:
+        for name in "ab":
+            rows = store.fetch(f'SELECT id, v FROM "{prefix}_{name}"')
+            assert sorted((r["id"], r["v"]) for r in rows) == [(i, f"{name}{i}") for i in range(ids)], name
+        rows = store.fetch(f'SELECT topic, "offset", convert_from(value, \'UTF8\') AS v FROM "{prefix}_c"')
+        assert len(rows) == ids and {r["topic"] for r in rows} == {f"{prefix}.c"}
+        assert sorted(json.loads(r["v"])["id"] for r in rows) == list(range(ids))
+
+
 # -- a change-data-capture replica: three Debezium topics, one route, one process ------------------------
 
 def test_a_cdc_replica_of_three_tables_is_exact_through_a_kill_inside_the_transaction(kdg, conn, group, tmp_path):

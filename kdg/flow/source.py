@@ -13,7 +13,7 @@ from operator import add
 from kdg.errors import UsageError
 from kdg.flow.routes import Router
 from kdg.keys import KeyResolver
-from kdg.records import Record, all_utf8, offset_key, offset_prefix
+from kdg.records import Record, RecordColumns, all_utf8, offset_key, offset_prefix
 from kdg.sinks import Batch
 
 
@@ -176,8 +176,9 @@ def sort_each(msgs, keys: Keys, req, must_have_key: bool) -> Batch:
 def sort_headerless(msgs, keys: Keys, req, must_have_key: bool) -> Batch | None:
     """:func:`sort_batch` a list at a time for the common poll whose records all go in as they are: no message
     has headers (no ``kdg-id``, no probe), every key is topic/partition/offset (``--id-from offset``, or none
-    needed), every value fits and is UTF-8 where that is asked. None for any other poll: the record-by-record
-    sort then says what is wrong with which record."""
+    needed), every value fits and is UTF-8 where that is asked: the batch's records as columns
+    (:class:`~kdg.records.RecordColumns`). None for any other poll: the record-by-record sort then says what
+    is wrong with which record."""
     if not msgs or any([m.headers() for m in msgs]):
         return None
     topics = [m.topic() for m in msgs]
@@ -207,6 +208,5 @@ def sort_headerless(msgs, keys: Keys, req, must_have_key: bool) -> Batch | None:
             after[tp] = last
         keys += map(add, repeat(offset_prefix(*tp), n), map(str, offsets[i:i + n]))
         i += n
-    batch.records = list(zip(map(Record, values, [m.key() for m in msgs], [[] for _ in msgs], partitions, topics,
-                                 offsets, stamps), keys))
+    batch.records = RecordColumns(values, [m.key() for m in msgs], partitions, topics, offsets, stamps, keys)
     return batch

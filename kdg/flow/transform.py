@@ -22,8 +22,8 @@ from decimal import Decimal
 
 from kdg.errors import UsageError
 from kdg.mapping.sources import json_reader
-from kdg.records import Record, with_value
-from kdg.store.rows import SinkRows, sink_row
+from kdg.records import Record, RecordColumns, with_value
+from kdg.store.rows import SinkRows, headers_json, sink_row
 
 ERROR_TYPE_HEADER = "kdg-error-type"
 ERROR_MESSAGE_HEADER = "kdg-error-message"
@@ -206,7 +206,12 @@ def as_value(rec: Record) -> bytes | None:
 
 
 def generic_rows(records) -> SinkRows:
-    """The generic table's rows of ``(record, key)`` pairs: a transform's row stored as its JSON (:func:`as_value`)."""
+    """The generic table's rows of ``(record, key)`` pairs: a transform's row stored as its JSON (:func:`as_value`).
+    Records that are columns (:class:`~kdg.records.RecordColumns`: no headers, no transform's row) are taken as
+    they are."""
+    if isinstance(records, RecordColumns) and records.columnar:
+        return SinkRows([records.ids, records.topics, records.partitions, records.offsets, records.keys,
+                         records.values, [headers_json(())] * len(records)])
     return SinkRows.of([sink_row(rec, key) if rec.row is None else sink_row(with_value(rec, as_value(rec)), key)
                         for rec, key in records])
 

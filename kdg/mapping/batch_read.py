@@ -30,6 +30,7 @@ import msgspec
 from kdg.mapping.events import UPSERTS
 from kdg.mapping.record_schemas import split_envelope
 from kdg.mapping.sources import JsonNumber, as_text, json_number, plain_text, storable
+from kdg.records import RecordColumns
 
 _VALUE = attrgetter("value")
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
@@ -95,10 +96,15 @@ class BatchReader:
         key)`` pairs), or None: read them record by record."""
         if not records:
             return None
-        recs = list(map(_FIRST, records))
-        if any(map(_ROW, recs)):  # a transform's rows: already decoded
-            return None
-        values = list(map(_VALUE, recs))
+        if isinstance(records, RecordColumns) and records.columnar:  # no transform's rows among them
+            values, keys, topics = records.values, records.ids, records.topics
+            partitions, offsets = records.partitions, records.offsets
+        else:
+            recs = list(map(_FIRST, records))
+            if any(map(_ROW, recs)):  # a transform's rows: already decoded
+                return None
+            values, keys, topics = list(map(_VALUE, recs)), list(map(_SECOND, records)), list(map(_TOPIC, recs))
+            partitions, offsets = list(map(_PARTITION, recs)), list(map(_OFFSET, recs))
         if None in values:  # a tombstone
             return None
         found = self._layout(values)
@@ -124,7 +130,6 @@ class BatchReader:
         if texts is None:
             texts = self._column_texts(schema)
         columns: list = [None] * len(self._reader.sources)
-        keys = list(map(_SECOND, records))
         try:
             for i, (part, take), text in zip(self._value_cols, self._take, texts):
                 columns[i] = _column(list(map(take, parts[part])), text, self._lazy)
@@ -136,9 +141,8 @@ class BatchReader:
         for i, column in enumerate(columns):
             if not self._holdable(column, self._jsonb[i]):
                 return None
-        n = len(records)
-        return list(zip(range(n), keys, map(_TOPIC, recs), map(_PARTITION, recs), map(_OFFSET, recs),
-                        repeat(False, n), *columns))
+        n = len(values)
+        return list(zip(range(n), keys, topics, partitions, offsets, repeat(False, n), *columns))
 
     def _layout(self, values: list[bytes]) -> tuple[bytes, bytes] | None:
         """``(the batch as one JSON array of rows, its schema's text)``: each plain value (schema text b""),

@@ -18,6 +18,7 @@ from kdg.mapping.events import TRUNCATE, RecordReader
 from kdg.mapping.fields import UNMAPPED_EVERY, FieldWatch
 from kdg.mapping.sources import parse_json, plain_text, storable
 from kdg.mapping.spec import Mapping
+from kdg.records import RecordColumns
 
 STAGE_PREFIX = (("seq", "integer"), ("idempotency_key", "text"), ("topic", "text"), ("partition", "integer"),
                 ("offset", "bigint"), ("tomb", "boolean"))
@@ -259,7 +260,9 @@ class StagedRows:
     def claims(self):
         """The claims of the rows made, as ``(keys, topics, partitions, offsets)`` columns (what
         :meth:`kdg.store.claims.Claims.rows` takes; ``zip(*…)`` for tuples)."""
-        dead = self._dead_seqs
+        dead, records = self._dead_seqs, self.records
+        if not dead and isinstance(records, RecordColumns) and records.columnar:
+            return records.ids, records.topics, records.partitions, records.offsets
         pairs = self.records if not dead else [pair for seq, pair in enumerate(self.records) if seq not in dead]
         recs = [pair[0] for pair in pairs]
         return ([pair[1] for pair in pairs], [r.topic for r in recs], [r.partition for r in recs],

@@ -10,7 +10,7 @@ from a sink that writes each batch before the next is polled, later from a pipel
 from collections import Counter
 from dataclasses import dataclass, field
 
-from kdg.records import Record
+from kdg.records import Record, RecordColumns
 from kdg.store.rows import SinkRows
 
 
@@ -18,7 +18,8 @@ from kdg.store.rows import SinkRows
 class Batch:
     """What one poll produced, sorted out: rows to write, records to dead-letter, offsets to move."""
 
-    records: list[tuple[Record, str]] = field(default_factory=list)   # (record, idempotency key)
+    # (record, idempotency key) pairs; a poll sorted a list at a time holds them as columns (RecordColumns)
+    records: list[tuple[Record, str]] | RecordColumns = field(default_factory=list)
     dead: list[tuple[Record, str, str | None]] = field(default_factory=list)  # (record, reason, key)
     next_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     first_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
@@ -42,7 +43,10 @@ class Batch:
     def topic_partitions(self) -> list[tuple[str, int]]:
         """The (topic, partition) of each record to write."""
         found = list(zip(self.rows.columns[1], self.rows.columns[2])) if self.rows is not None else []
-        return found + [(rec.topic, rec.partition) for rec, _ in self.records]
+        records = self.records
+        if isinstance(records, RecordColumns) and records.columnar:
+            return found + list(zip(records.topics, records.partitions))
+        return found + [(rec.topic, rec.partition) for rec, _ in records]
 
     def __len__(self) -> int:
         """The records read (a record a transform made several rows of counts once)."""

@@ -17,6 +17,7 @@ from kdg import faults
 from kdg.errors import UsageError
 from kdg.flow.routes import Router, Target, source_block
 from kdg.flow.transform import generic_rows
+from kdg.records import RecordColumns
 from kdg.sinks import Batch, Outcome, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue, refused_row, tally
 from kdg.sinks.pipeline import Pipeline
@@ -391,6 +392,10 @@ class PostgresSink(Sink):
         (kept for the COPY), not as the COPY reads them."""
         if batch.rows is not None:  # one poll, sorted per batch: the generic table's rows (kdg.batching)
             return self._row_parts(batch.rows), 0, [], Counter()
+        if isinstance(batch.records, RecordColumns) and batch.records.columnar:
+            found = self._column_parts(batch.records, made)
+            if found is not None:
+                return found, 0, [], Counter()
         groups: dict[int, tuple[TableWriter, list]] = {}  # by writer: one per table
         unrouted, unnamed, events = 0, [], Counter()
         last = entry = None  # a batch comes in runs of one topic: its table is looked up once a run
@@ -415,25 +420,43 @@ class PostgresSink(Sink):
                 entry = groups[id(writer)] = (writer, [])
             entry[1].append(pair)
             last = at
-        parts = []
-        for writer, records in groups.values():
-            if writer.target is None:
-                parts.append((Part(writer.table, generic_rows(records)), records))
-            else:
-                if writer.target.mapping.from_schema:
-                    refused = self._evolve(writer, records)
-                    if refused:  # on_incompatible = dead-letter: the rest of the batch is written
-                        unnamed += refused
-                        gone = {id(rec) for rec, _, _ in refused}
-                        records = [pair for pair in records if id(pair[0]) not in gone]
-                        if not records:
-                            continue
-                writer.rows.prepare(records)  # a registry that is away is waited for here, not inside the COPY
-                staged = writer.rows.staged(records, keep=made or self.handler is not None)
-                if made:
-                    staged.make()
-                parts.append((Part(writer.table, staged, writer.target), records))
+        parts = [part for writer, records in groups.values() if (part := self._part(writer, records, made, unnamed))]
         return parts, unrouted, unnamed, events
+
+    def _part(self, writer: TableWriter, records, made: bool, unnamed: list) -> tuple[Part, list] | None:
+        """One table's share of a batch: ``(part, its records)``; None when a schema change refused every record
+        of it (each added to ``unnamed``, as a dead letter)."""
+        if writer.target is None:
+            return Part(writer.table, generic_rows(records)), records
+        if writer.target.mapping.from_schema:
+            refused = self._evolve(writer, records)
+            if refused:  # on_incompatible = dead-letter: the rest of the batch is written
+                unnamed += refused
+                gone = {id(rec) for rec, _, _ in refused}
+                records = [pair for pair in records if id(pair[0]) not in gone]
+                if not records:
+                    return None
+        writer.rows.prepare(records)  # a registry that is away is waited for here, not inside the COPY
+        staged = writer.rows.staged(records, keep=made or self.handler is not None)
+        if made:
+            staged.make()
+        return Part(writer.table, staged, writer.target), records
+
+    def _column_parts(self, records: RecordColumns, made: bool) -> list[tuple[Part, list]] | None:
+        """:meth:`_parts` of a batch whose records are columns, each table's share taken by a slice a run of one
+        topic (a poll comes in runs of one partition); None unless every topic's table is known already and takes
+        the columns as they are (the record-by-record split names a table on first sight, and says why it cannot;
+        a schema that may change the table reads each record)."""
+        groups: dict[int, tuple[TableWriter, list]] = {}
+        start = 0
+        for topic, run in groupby(records.topics):
+            end = start + len(list(run))
+            writer = self._by_topic.get((topic, None))
+            if writer is None or (writer.target is not None and writer.target.mapping.from_schema):
+                return None
+            groups.setdefault(id(writer), (writer, []))[1].append((start, end))
+            start = end
+        return [self._part(writer, records.take(runs), made, []) for writer, runs in groups.values()]
 
     def _filtered(self, batch: Batch) -> list[tuple]:
         """Per table, ``(table, [(key, topic, partition, offset), …])`` of what its route's transform filtered out."""
