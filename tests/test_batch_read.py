@@ -102,6 +102,10 @@ def test_a_column_of_fractional_numbers_is_their_text_as_written():
     assert took and not dead
     assert [r[7] for r in rows[:6]] == ["1.50", "2e-3", "-0.0", None, "1E+400", "0.1000000000000000055511151231257827"]
     assert [r[8] for r in rows[:4]] == ["n", '{"x":[2e-3,7]}', "n", '{"x":[null,7]}']  # an object's numbers too
+    # and a column without a null (the common one: the C path)
+    rows, dead, took = _both(["id bigint = json:id", "amount double precision = json:amount"],
+                             _records([{"id": i, "amount": 1.5 + i} for i in range(3)], [b'{"id":3,"amount":2.50}']))
+    assert took and not dead and [r[7] for r in rows] == ["1.5", "2.5", "3.5", "2.50"]
 
 
 @pytest.mark.parametrize("case, raw", [
