@@ -204,7 +204,7 @@ class RecordColumns:
     The typed sink's batch read (:mod:`kdg.mapping.batch_read`), its claims and the generic table's rows take the
     columns as they are, so the common batch makes no :class:`Record` and no pair per message (about 1 µs a
     record, half of it freeing them). Anything else reads it as the list of pairs it stands for: indexed,
-    iterated, counted or added to, the pairs are made once (:meth:`pairs`) and the columns are done with."""
+    iterated or added to, the pairs are made once (:meth:`pairs`) and the columns are done with."""
 
     __slots__ = ("values", "keys", "partitions", "topics", "offsets", "stamps", "ids", "_pairs")
 
@@ -247,6 +247,12 @@ class RecordColumns:
         return iter(self.pairs())
 
     def __getitem__(self, index):
+        """A pair by its index is made alone while the records are columns (equal each time, not the same object);
+        a slice makes every pair."""
+        if self._pairs is None and type(index) is int:
+            i = range(len(self.ids))[index]  # (a negative index counts from the end; out of range raises)
+            return (Record(self.values[i], self.keys[i], [], self.partitions[i], self.topics[i], self.offsets[i],
+                           self.stamps[i]), self.ids[i])
         return self.pairs()[index]
 
     def __add__(self, other: list) -> list:

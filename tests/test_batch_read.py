@@ -47,6 +47,12 @@ def _records(docs, raw=()):
             for i, v in enumerate(values)]
 
 
+def _columns(records) -> RecordColumns:
+    """Headerless ``records`` as the list-at-a-time sort holds them."""
+    return RecordColumns(*map(list, zip(*[(r.value, r.key, r.partition, r.topic, r.offset, r.timestamp, k)
+                                          for r, k in records])))
+
+
 def _both(columns, records):
     """(rows, dead) of the row maker as it runs, of it read record by record, and whether it read a batch."""
     fast = RowMaker(build_mapping(columns=columns, table="t"))
@@ -58,9 +64,7 @@ def _both(columns, records):
     shown = [(r.offset, reason) for r, reason, _ in dead]
     assert (rows, shown) == (rows_slow, [(r.offset, reason) for r, reason, _ in dead_slow])
     if all(not rec.headers and rec.row is None for rec, _ in records):  # what a headerless poll's sort makes
-        columns = RecordColumns(*map(list, zip(*[(r.value, r.key, r.partition, r.topic, r.offset, r.timestamp, k)
-                                                 for r, k in records])))
-        staged = fast.staged(columns)
+        staged = fast.staged(_columns(records))
         assert (list(staged), [(r.offset, reason) for r, reason, _ in staged.dead]) == (rows, shown)
         if not dead:
             assert staged.claims() == slow.staged(records).claims()
@@ -148,6 +152,17 @@ def test_the_field_watch_sees_a_batch_read_at_once():
     rows, dead = maker.rows(records)
     assert len(rows) == 100 and not dead
     assert [(n.kind, n.field) for n in maker.watch.news()] == [("absent", "customerid"), ("unmapped", "customerId")]
+
+
+def test_the_field_watch_reads_every_64th_row_of_columns_once_each_mapped_field_is_seen():
+    """Once every mapped field has been seen, the watch reads rows 0, 64, 128, …: a field only row 128 has is said
+    unmapped, one only row 100 has is not. The records stay columns: no pair is made for the rows between."""
+    maker = RowMaker(build_mapping(columns=["id bigint = json:id"], table="t"), watch=True)
+    records = _columns(_records([{"id": i, **({"extra": 1} if i == 128 else {}), **({"late": 1} if i == 100 else {})}
+                                 for i in range(200)]))
+    rows, dead = maker.rows(records)
+    assert len(rows) == 200 and not dead and records.columnar
+    assert [(n.kind, n.field) for n in maker.watch.news()] == [("unmapped", "extra")]
 
 
 def test_the_field_watch_reads_a_wrapped_value_s_fields_in_its_payload():

@@ -310,6 +310,7 @@ def test_the_list_at_a_time_sort_makes_what_the_record_at_a_time_sort_makes(name
     # what reads the columns as they are (before anything makes the pairs) reads what the pairs hold
     assert fast.records.columnar and fast.topic_partitions() == slow.topic_partitions()
     assert generic_rows(fast.records).columns == generic_rows(slow.records).columns
+    assert (fast.records[0], fast.records[-1]) == (slow.records[0], slow.records[-1]) and fast.records.columnar
     assert [(r, k) for r, k in fast.records] == [(r, k) for r, k in slow.records] and not slow.dead
     assert (fast.first_offsets, fast.next_offsets, fast.first_timestamps) == \
         (slow.first_offsets, slow.next_offsets, slow.first_timestamps)

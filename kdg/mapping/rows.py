@@ -141,10 +141,13 @@ class RowMaker:
         """Let ``watch`` see a batch read a column at a time: the rows it asks for, each read again whole (the
         first ones while a mapped field is missing, then one in :data:`UNMAPPED_EVERY`)."""
         watch.begin()
-        for seq, (rec, _) in enumerate(records):
-            if watch.missing or not seq % UNMAPPED_EVERY:
-                watch.see(seq, self._reader.document(rec).row)
-        watch.end(len(records))
+        n, seq = len(records), 0
+        while seq < n and watch.missing:  # (each row seen can only take fields off the missing ones)
+            watch.see(seq, self._reader.document(records[seq][0]).row)
+            seq += 1
+        for seq in range(-(-seq // UNMAPPED_EVERY) * UNMAPPED_EVERY, n, UNMAPPED_EVERY):  # records by index: a
+            watch.see(seq, self._reader.document(records[seq][0]).row)  # batch's columns make no pair for the rest
+        watch.end(n)
 
     def _control(self, seq: int, rec, key, control: str, staged: "StagedRows") -> tuple | None:
         """A truncate's staged row (a tombstone without values, listed in ``staged.truncates``) or its dead
