@@ -23,7 +23,7 @@ give the same rows (``tests/test_batch_read.py`` holds them against each other).
 """
 
 from itertools import repeat
-from operator import attrgetter, itemgetter
+from operator import attrgetter, getitem, itemgetter
 
 import msgspec
 
@@ -36,6 +36,7 @@ _VALUE = attrgetter("value")
 _FIRST, _SECOND = itemgetter(0), itemgetter(1)
 _TOPIC, _PARTITION, _OFFSET, _ROW = attrgetter("topic"), attrgetter("partition"), attrgetter("offset"), attrgetter("row")
 _OP, _AFTER, _SOURCE = attrgetter("op"), attrgetter("after"), attrgetter("source")
+_BRACE = ord("}")
 LIMIT = 64  # schemas (and their decoders) kept, as ConnectJson keeps them
 
 
@@ -167,8 +168,11 @@ class BatchReader:
             if len(self._prefixes) >= LIMIT:
                 self._prefixes.clear()
             self._prefixes[prefix] = schema
-        # (values are bytes, as Kafka's client and Arrow give them: bytes' own methods, half a methodcaller's cost)
-        if not all(map(bytes.startswith, values, repeat(prefix))) or not all(map(bytes.endswith, values, repeat(b"}"))):
+        # (values are bytes, as Kafka's client and Arrow give them: bytes.startswith costs half a methodcaller; the
+        # closing brace is each value's last byte counted, 0.05 µs a record where bytes.endswith took 0.2)
+        if not all(map(bytes.startswith, values, repeat(prefix))):
+            return None
+        if list(map(getitem, values, repeat(-1))).count(_BRACE) != len(values):  # (none is empty: each has prefix)
             return None
         cut = len(prefix)
         return b"[" + b",".join([v[cut:-1] for v in values]) + b"]", schema
