@@ -11,6 +11,7 @@ import time
 import msgspec
 
 from kdg.errors import UsageError
+from kdg.store.rows import take_spans
 
 ID_HEADER = "kdg-id"
 SEQ_HEADER = "kdg-seq"
@@ -230,15 +231,10 @@ class RecordColumns:
 
     def take(self, runs: list[tuple[int, int]]) -> "RecordColumns":
         """The records of ``runs`` (``(start, end)`` each, in order) as columns of their own, a slice a run."""
-        if len(runs) == 1 and runs[0] == (0, len(self)):
+        if runs == [(0, len(self))]:
             return self
-        cut = []
-        for column in (self.values, self.keys, self.partitions, self.topics, self.offsets, self.stamps, self.ids):
-            part: list = []
-            for start, end in runs:
-                part += column[start:end]
-            cut.append(part)
-        return RecordColumns(*cut)
+        return RecordColumns(*take_spans([self.values, self.keys, self.partitions, self.topics, self.offsets,
+                                          self.stamps, self.ids], runs))
 
     def __len__(self) -> int:
         return len(self.ids) if self._pairs is None else len(self._pairs)
@@ -257,11 +253,6 @@ class RecordColumns:
 
     def __add__(self, other: list) -> list:
         return self.pairs() + list(other)
-
-    def __eq__(self, other) -> bool:
-        return self.pairs() == (other.pairs() if isinstance(other, RecordColumns) else other)
-
-    __hash__ = None
 
 
 def all_utf8(data: bytes) -> bool:

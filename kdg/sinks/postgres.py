@@ -10,7 +10,6 @@ transaction (:mod:`kdg.store.unit`).
 
 import time
 from collections import Counter
-from itertools import chain, groupby
 from dataclasses import dataclass, field, replace
 
 from kdg import faults
@@ -22,7 +21,7 @@ from kdg.sinks import Batch, Outcome, Sink, WriteResult
 from kdg.sinks.dead_letters import DeadLetterQueue, refused_row, tally
 from kdg.sinks.pipeline import Pipeline
 from kdg.store.pg import Store
-from kdg.store.rows import SinkRows
+from kdg.store.rows import SinkRows, take_spans, topic_runs
 from kdg.store.unit import Part
 
 UNROUTED_REASON = ("its table is named by its topic's events (a {source.*} template, or columns from the schema), "
@@ -448,14 +447,11 @@ class PostgresSink(Sink):
         the columns as they are (the record-by-record split names a table on first sight, and says why it cannot;
         a schema that may change the table reads each record)."""
         groups: dict[int, tuple[TableWriter, list]] = {}
-        start = 0
-        for topic, run in groupby(records.topics):
-            end = start + len(list(run))
+        for topic, start, end in topic_runs(records.topics):
             writer = self._by_topic.get((topic, None))
             if writer is None or (writer.target is not None and writer.target.mapping.from_schema):
                 return None
             groups.setdefault(id(writer), (writer, []))[1].append((start, end))
-            start = end
         return [self._part(writer, records.take(runs), made, []) for writer, runs in groups.values()]
 
     def _filtered(self, batch: Batch) -> list[tuple]:
@@ -471,13 +467,7 @@ class PostgresSink(Sink):
         """The generic rows split by table. A poll comes in runs of one partition (each fetch's messages in
         order): the rows are cut at each change of topic, each run taken whole by a C-level slice, so a
         table's share costs per run, not per row."""
-        topics = rows.columns[1]
-        runs: list[tuple[str, int, int]] = []  # (topic, start, end), in the batch's order
-        start = 0
-        for topic, run in groupby(topics):
-            end = start + len(list(run))
-            runs.append((topic, start, end))
-            start = end
+        runs = topic_runs(rows.columns[1])
         writers = {t: self._by_topic.get((t, None)) or self._writer(t, []) for t, _, _ in runs}
         if len({w.table.text for w in writers.values()}) <= 1:
             return [(Part(w.table, rows), []) for w in list(writers.values())[:1]]
@@ -485,7 +475,7 @@ class PostgresSink(Sink):
         for topic, start, end in runs:
             w = writers[topic]
             picks.setdefault(w.table.text, (w, []))[1].append((start, end))
-        return [(Part(w.table, SinkRows(_take(rows.columns, spans))), []) for w, spans in picks.values()]
+        return [(Part(w.table, SinkRows(take_spans(rows.columns, spans))), []) for w, spans in picks.values()]
 
     def lost_connection(self) -> bool:
         """Whether a failed write means Postgres went away (wait for it) rather than refused something."""
@@ -514,15 +504,6 @@ def _evolving(router: Router) -> bool:
     """Whether a route's columns come from the records' schema: its table may be altered between two batches,
     so its batches are written one at a time."""
     return any(route.mapping is not None and route.mapping.from_schema for route in router.routes)
-
-
-def _take(columns: list[list], spans: list[tuple[int, int]]) -> list[list]:
-    """The rows in ``spans`` (``(start, end)``, in order) of each column: a table's share of a batch of several
-    topics, sliced in C."""
-    if len(spans) == 1:
-        start, end = spans[0]
-        return [col[start:end] for col in columns]
-    return [list(chain.from_iterable(col[start:end] for start, end in spans)) for col in columns]
 
 
 def _result(done: list, dead: list, unrouted: int, events: Counter) -> WriteResult:

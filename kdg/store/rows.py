@@ -5,7 +5,7 @@ COPYs them; the column list, the staging table and the Spark projection are all 
 :data:`SINK_ROW` below, so the three can never drift apart.
 """
 
-from itertools import repeat
+from itertools import chain, groupby, repeat
 from json.encoder import encode_basestring_ascii as _esc
 
 # (column, Postgres type, Spark SQL expression over the Kafka source's frame); the idempotency
@@ -111,3 +111,23 @@ class SinkRows:
         """The rows as :data:`GROUP_SINK_COLUMNS` tuples: the group that writes them after the key."""
         key, *rest = self.columns
         return zip(key, repeat(group, len(key)), *rest)
+
+
+def topic_runs(topics: list[str]) -> list[tuple[str, int, int]]:
+    """``(topic, start, end)`` of each run of one topic in a batch's column of topics, in order (a poll comes in
+    runs of one partition: each fetch's messages in order), so that a table's share is cut per run, not per row."""
+    runs, start = [], 0
+    for topic, run in groupby(topics):
+        end = start + len(list(run))
+        runs.append((topic, start, end))
+        start = end
+    return runs
+
+
+def take_spans(columns: list[list], spans: list[tuple[int, int]]) -> list[list]:
+    """The rows in ``spans`` (``(start, end)``, in order) of each column: a table's share of a batch of several
+    topics, sliced in C."""
+    if len(spans) == 1:
+        start, end = spans[0]
+        return [col[start:end] for col in columns]
+    return [list(chain.from_iterable(col[start:end] for start, end in spans)) for col in columns]
