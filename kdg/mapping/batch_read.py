@@ -238,8 +238,8 @@ def _column(values: list, text, lazy: bool = False) -> list:
     one kind of value, as it does a batch at a time, the texts are made in C: strings (and nulls) as they are,
     whole numbers by ``str``, other numbers by their own text, as ``as_text`` makes each (0.1 µs a value
     against its 0.5). A converter that makes a column's texts at once (``text.column``) does so. ``lazy``:
-    numbers with a fraction come as their text's bytes (:data:`_NUMBER`); a column of them (and nulls) through ``as_text`` is
-    their text, any other column gets JsonNumbers first, as the record by record read gives them."""
+    numbers with a fraction come as their text's bytes (:data:`_NUMBER`); a column of them (and nulls) through
+    ``as_text`` is their text, any other column gets JsonNumbers first, as the record by record read gives them."""
     kinds = set(map(type, values)) if lazy or text is as_text else None  # (a converter's column needs none)
     if lazy and kinds & _HOLDING:
         if text is as_text and kinds <= _NUMBERS_AS_TEXT:

@@ -23,10 +23,10 @@ from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizons,
 
 # A key that is its record's own coordinates (``--id-from offset``, or a key's fallback) is claimed by them,
 # as a run of consecutive offsets (migration 010): ``"offset"`` the first, ``last_offset`` the last. OWN is that
-# key of a row alias's coordinates (kdg.records.offset_key, in SQL); IN_RUN whether a run of the claim table ($1 the sink table) holds any offset
-# of ``{lo}`` to ``{hi}`` of the row's partition: runs never overlap (each is made under the lock for keys
-# without a time, after this look-up), so only the run starting last at or before ``{hi}`` can, one step down
-# index kdg_dedup_runs.
+# key of a row alias's coordinates (kdg.records.offset_key, in SQL); IN_RUN whether a run of the claim table
+# ($1 the sink table) holds any offset of ``{lo}`` to ``{hi}`` of the row's partition: runs never overlap (each
+# is made under the lock for keys without a time, after this look-up), so only the run starting last at or
+# before ``{hi}`` can, one step down index kdg_dedup_runs.
 OWN = """({row}.topic || '/' || {row}."partition" || '/' || {row}."offset")"""
 IN_RUN = """coalesce((SELECT d.last_offset FROM {{claims}} d WHERE d.sink_table = $1 AND d.last_offset IS NOT NULL
                    AND d.topic = {row}.topic AND d."partition" = {row}."partition" AND d."offset" <= {hi}
