@@ -17,7 +17,7 @@ from operator import itemgetter
 
 from confluent_kafka import Message
 
-from kdg.records import ID_HEADER, PROBE_HEADER, all_utf8, offset_key
+from kdg.records import ID_HEADER, PROBE_HEADER, OffsetKeys, all_utf8, offset_key
 from kdg.sinks import Batch
 from kdg.store.rows import SinkRows
 
@@ -105,7 +105,7 @@ def sort_rows(msgs: list, max_bytes: int, require_utf8: bool, must_have_key: boo
     partitions = list(map(Message.partition, msgs))
     offsets = list(map(Message.offset, msgs))
     if ids is None:
-        ids = list(map(offset_key, topics, partitions, offsets))
+        ids = OffsetKeys(map(offset_key, topics, partitions, offsets))
     batch = Batch(rows=SinkRows([ids, topics, partitions, offsets, list(map(Message.key, msgs)), values, jsons]))
     # librdkafka hands a partition's messages over in order: its last offset here is its highest
     tps = list(zip(topics, partitions))

@@ -27,6 +27,15 @@ def offset_prefix(topic: str, partition: int) -> str:
     return f"{topic}/{partition}/"
 
 
+class OffsetKeys(list):
+    """A batch's idempotency keys, each made as its own record's offset key (:data:`offset_key` of the batch's
+    topic, partition and offset at its place): the claims take its stretches of consecutive offsets as runs
+    without reading the keys (:meth:`kdg.store.claims.Claims.split`). Only the sorts that make the keys so make
+    one; a slice or a copy is a plain list, whose keys are read."""
+
+    __slots__ = ()
+
+
 class Uuid7Maker:
     """Time-ordered UUIDs (version 7) that the producer ledger can store as ranges.
 
@@ -233,8 +242,11 @@ class RecordColumns:
         """The records of ``runs`` (``(start, end)`` each, in order) as columns of their own, a slice a run."""
         if runs == [(0, len(self))]:
             return self
-        return RecordColumns(*take_spans([self.values, self.keys, self.partitions, self.topics, self.offsets,
-                                          self.stamps, self.ids], runs))
+        columns = take_spans([self.values, self.keys, self.partitions, self.topics, self.offsets, self.stamps,
+                              self.ids], runs)
+        if type(self.ids) is OffsetKeys:  # (a share of offset keys is offset keys of its own records)
+            columns[-1] = OffsetKeys(columns[-1])
+        return RecordColumns(*columns)
 
     def __len__(self) -> int:
         return len(self.ids) if self._pairs is None else len(self._pairs)

@@ -13,7 +13,7 @@ from kdg.flow.source import Keys
 from kdg.flow.source import sort_batch as _sort
 from kdg.errors import UsageError
 from kdg.produce import _stamp
-from kdg.records import Record, Uuid7Maker, id_maker, uuid7
+from kdg.records import OffsetKeys, Record, Uuid7Maker, id_maker, uuid7
 from kdg.settings import Connection
 from kdg.store.rows import headers_json as _headers_json
 
@@ -98,6 +98,7 @@ def test_the_per_batch_sort_makes_what_the_per_record_sort_makes(name):
     slow = _sort(list(msgs), Keys(req, req.router()), req, must_have_key=False)
     assert not slow.dead
     assert fast.rows.columns == SinkRows.of([sink_row(rec, key) for rec, key in slow.records]).columns
+    assert (type(fast.rows.keys) is OffsetKeys) == (name == "no headers at all")  # (the others carry kdg-ids)
     assert (fast.first_offsets, fast.next_offsets, fast.first_timestamps, len(fast)) == \
         (slow.first_offsets, slow.next_offsets, slow.first_timestamps, len(slow))
 
@@ -307,6 +308,8 @@ def test_the_list_at_a_time_sort_makes_what_the_record_at_a_time_sort_makes(name
     if fast is None:
         return
     slow = sort_each(list(msgs), keys, req, must_have_key=exactly)
+    # its keys are made as offset keys, and a topic's share of them still says so (the claims trust it)
+    assert type(fast.records.ids) is OffsetKeys and type(fast.records.take([(1, 2)]).ids) is OffsetKeys
     # what reads the columns as they are (before anything makes the pairs) reads what the pairs hold
     assert fast.records.columnar and fast.topic_partitions() == slow.topic_partitions()
     assert generic_rows(fast.records).columns == generic_rows(slow.records).columns
@@ -314,3 +317,32 @@ def test_the_list_at_a_time_sort_makes_what_the_record_at_a_time_sort_makes(name
     assert [(r, k) for r, k in fast.records] == [(r, k) for r, k in slow.records] and not slow.dead
     assert (fast.first_offsets, fast.next_offsets, fast.first_timestamps) == \
         (slow.first_offsets, slow.next_offsets, slow.first_timestamps)
+
+
+OFFSET_BATCHES = {  # name: (topic, partition, offset) of each record, its key made as its offset key
+    "two partitions interleaved, with a gap": [("t", p, o) for o in (*range(5), *range(9, 12)) for p in (0, 1)],
+    "two topics, one partition": [("t", 0, 3), ("u", 0, 3), ("t", 0, 4), ("u", 0, 4)],
+    "an offset twice": [("t", 0, 1), ("t", 0, 2), ("t", 0, 2)],
+    "an offset going back": [("t", 0, 5), ("t", 0, 6), ("t", 1, 0), ("t", 0, 3)],
+}
+
+
+@pytest.mark.parametrize("name", OFFSET_BATCHES)
+def test_offset_keys_made_by_a_sort_are_claimed_as_the_keys_read_one_by_one_are(name):
+    """Claims.split takes a batch of OffsetKeys (the keys a sort made as offset keys) as runs without reading
+    them: the runs, and whether the batch can be claimed by COPY at all, are those of the same keys read."""
+    from kdg.records import offset_key
+    from kdg.store.claims import Claims
+    from kdg.store.windows import Window, keys_ms
+
+    coordinates = OFFSET_BATCHES[name]
+    topics, partitions, offsets = (list(c) for c in zip(*coordinates))
+    window = Window(relation="kdg_dedup_1", sink_table="public.t", retention_ms=None, retention_from=None,
+                    width_ms=86_400_000, horizon_ms=None)
+    found = []
+    for keys in (list(map(offset_key, topics, partitions, offsets)), OffsetKeys(map(offset_key, topics, partitions,
+                                                                                      offsets))):
+        claims = Claims(window, 1, keys_ms(keys), timeless=list(keys))
+        found.append((claims.split((keys, topics, partitions, offsets)), claims.runs, claims.singles))
+    assert found[0] == found[1]
+    assert found[1][0] == (name not in ("an offset twice", "an offset going back"))

@@ -13,7 +13,7 @@ from operator import add
 from kdg.errors import UsageError
 from kdg.flow.routes import Router
 from kdg.keys import KeyResolver
-from kdg.records import Record, RecordColumns, all_utf8, offset_key, offset_prefix
+from kdg.records import OffsetKeys, Record, RecordColumns, all_utf8, offset_key, offset_prefix
 from kdg.sinks import Batch
 
 
@@ -197,7 +197,7 @@ def sort_headerless(msgs, keys: Keys, req, must_have_key: bool) -> Batch | None:
     stamps = [m.timestamp()[1] for m in msgs]
     batch = Batch()
     first, after, stamped = batch.first_offsets, batch.next_offsets, batch.first_timestamps
-    keys: list[str] = []  # topic/partition/offset: a run of one partition's prefix, and each offset's digits
+    keys = OffsetKeys()  # topic/partition/offset: a run of one partition's prefix, and each offset's digits
     i = 0
     for tp, run in groupby(zip(topics, partitions)):
         n = len(list(run))

@@ -16,7 +16,7 @@ from itertools import chain, repeat
 
 import asyncpg
 
-from kdg.records import offset_key, offset_prefix
+from kdg.records import OffsetKeys, offset_key, offset_prefix
 from kdg.settings import TableName, table_name
 from kdg.store.rows import GROUP_SINK_COLUMNS, SINK_COLUMNS, SinkRows
 from kdg.store.windows import Window, claim_window, ensure_parts, hold_horizons, keys_ms, now_ms
@@ -143,11 +143,13 @@ class Claims:
             if not any(offset_prefix(t, p) in text for t, p in set(zip(topics, partitions))):
                 return True
         runs, singles, last = [], [], {}
+        made = type(keys) is OffsetKeys  # each key made as its record's offset key: nothing to read
         for s, e in _stretches(topics, partitions, offsets):
             t, p, lo, hi = topics[s], partitions[s], offsets[s], offsets[e - 1]
             head = offset_prefix(t, p)  # the stretch's keys are its offsets' (the common case: one compare in C)
-            text = "\n".join(keys[s:e])
-            if text == head + ("\n" + head).join(map(str, range(lo, hi + 1))):
+            if made:
+                pieces = [[lo, hi]]
+            elif (text := "\n".join(keys[s:e])) == head + ("\n" + head).join(map(str, range(lo, hi + 1))):
                 pieces = [[lo, hi]]
             elif head not in text:  # none is (a key of another kind: in C too)
                 singles.extend(range(s, e))

@@ -28,6 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 
 from kdg.errors import PostgresRefused
+from kdg.records import OffsetKeys
 from kdg.settings import TableName
 
 DAY_MS = 86_400_000
@@ -51,10 +52,10 @@ def key_ms(key: str) -> int | None:
 def keys_ms(keys: list[str]) -> list[int | None]:
     """:func:`key_ms` of each of ``keys``, per batch. When every key is a UUIDv7 as kdg writes them, a few passes
     over the batch's bytes (in C) check them all, and a key's time is read once per distinct time prefix (kdg
-    makes one head per 0.1 s), not once per key. A batch without a key of a UUID's length (offset keys) has no time
-    to read; any other batch goes key by key."""
+    makes one head per 0.1 s), not once per key. A batch of offset keys (:class:`~kdg.records.OffsetKeys`), or
+    without a key of a UUID's length, has no time to read; any other batch goes key by key."""
     n = len(keys)
-    if 36 not in set(map(len, keys)):
+    if type(keys) is OffsetKeys or 36 not in set(map(len, keys)):  # (an offset key of 36 characters is one too)
         return [None] * n
     raw = ("\n".join(keys) + "\n").encode()
     if (n and len(raw) == 37 * n and not raw.translate(None, b"0123456789abcdef-\n")  # 36 hex or '-', a newline
