@@ -171,6 +171,26 @@ def test_a_member_left_without_partitions_is_not_ready(kdg, kdg_spawn, conn, gro
         assert _stop(proc)[0] == 0
 
 
+def test_a_static_member_fenced_by_another_with_its_instance_id_stops_with_an_error(kdg_spawn, conn, group):
+    """A second member started with the first's group.instance.id takes its place; librdkafka makes that fatal
+    for the first and would leave it polling a dead client for ever. kdg's stops: exit 6, the reason said."""
+    topic = f"t-{uuid.uuid4().hex[:10]}"
+    ensure_topic(conn.bootstrap_servers, topic, partitions=1)
+    port = free_port()
+    args = ("consume", topic, "-G", group, "-g", "at-least-once", "-X", f"group.instance.id=m-{group}", "--json")
+    first = kdg_spawn(*args, "--metrics-port", port, "--metrics-host", "127.0.0.1")
+    gauge = f"kdg_assigned_partitions{{topic={topic}}}"
+    _wait_for(lambda: _scrape(port).get(gauge) == 1, "the first member holding the partition", first)
+    second = kdg_spawn(*args)
+    try:
+        code, _, _, err = _stop(first, sig=None)  # (it ends on its own, or the wait gives up and kills it)
+        assert code == 6, err[-2000:]
+        assert "fatal Kafka error" in err and "give each its own" in err and "Traceback" not in err, err[-2000:]
+        assert second.poll() is None  # the member that took the id reads on
+    finally:
+        assert _stop(second)[0] == 0
+
+
 def _transaction_states(bootstrap: str, prefix: str) -> dict[str, str]:
     """The coordinators' state of every transactional id starting with ``prefix``, from Kafka's own tool."""
     out = subprocess.run([require_java(), "-Xmx128m", "-XX:TieredStopAtLevel=1", "-cp", java_classpath(),

@@ -7,8 +7,8 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaEr
 
 from kdg.errors import DeliveryError, UsageError
 from kdg.guarantees import DeliveryPolicy
-from kdg.kafka.access import check
-from kdg.kafka.clients import Role, client_config, new_consumer
+from kdg.kafka.access import check, on_error
+from kdg.kafka.clients import Role, client_config, new_consumer, weakly
 from kdg.lifecycle import StopRequested
 
 _REBALANCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
@@ -92,7 +92,8 @@ class KdgConsumer:
         config = client_config(Role.CONSUMER, bootstrap, extra, policy, **{
             "group.id": group, "auto.offset.reset": self.start.reset, "enable.partition.eof": eof,
             **({"topic.metadata.refresh.interval.ms": PATTERN_REFRESH_MS} if patterns else {})})
-        self._consumer = new_consumer(config)
+        self._fatal: KafkaError | None = None  # a fatal error heard by error_cb: the client can read no more
+        self._consumer = new_consumer({**config, "error_cb": weakly(self._on_error)})
         self.eof_partitions: set[tuple[str, int]] = set()
         self.assigned: set[tuple[str, int]] = set()
         self.ever_assigned: set[tuple[str, int]] = set()
@@ -147,9 +148,28 @@ class KdgConsumer:
             return OFFSET_STORED
         return OFFSET_BEGINNING if self.start.reset == "earliest" else OFFSET_END
 
+    def _on_error(self, err: KafkaError) -> None:
+        if err.fatal():
+            self._fatal = err
+        on_error(err)
+
+    def _fatal_error(self, err: KafkaError) -> DeliveryError:
+        """A fatal error (a bare _FATAL replaced by the one error_cb heard) as kdg's: the member stops, where
+        librdkafka would leave it polling a dead client for ever."""
+        cause = self._fatal if err.code() == KafkaError._FATAL and self._fatal is not None else err
+        text = cause.str().rsplit("Fatal consumer error: ", 1)[-1]  # (librdkafka says it twice)
+        # (error_cb hears _FATAL, the broker's code only in the text: confluent-kafka does not read the cause)
+        fenced = cause.code() == KafkaError.FENCED_INSTANCE_ID or "group.instance.id" in text
+        hint = "; another member joined the group with this one's group.instance.id: give each its own" \
+            if fenced else ""
+        return DeliveryError(f"the consumer hit a fatal Kafka error and can read no more ({text}){hint}")
+
     def poll_batch(self, max_records: int, timeout: float) -> list:
-        """Up to ``max_records`` messages; partition EOF events are noted, errors raised or skipped."""
+        """Up to ``max_records`` messages; partition EOF events are noted, errors raised or skipped; a fatal
+        error (heard by error_cb, or a message's) raised as :class:`~kdg.errors.DeliveryError`."""
         msgs = self._consumer.consume(max_records, timeout)
+        if self._fatal is not None:
+            raise self._fatal_error(self._fatal)
         if not any(map(Message.error, msgs)):  # the common case, checked in C (a KafkaError is truthy)
             if self.eof_partitions:
                 self.eof_partitions.difference_update(zip(map(Message.topic, msgs), map(Message.partition, msgs)))
@@ -164,8 +184,11 @@ class KdgConsumer:
                 self.eof_partitions.add((msg.topic(), msg.partition()))
             elif err.code() == KafkaError.UNKNOWN_TOPIC_OR_PART and (msg.topic() or "").startswith("^"):
                 continue  # a pattern nothing matches yet: topics that appear are read as they do
-            elif err.fatal() or err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
-                                                KafkaError.GROUP_AUTHORIZATION_FAILED):
+            elif err.fatal() or err.code() == KafkaError._FATAL:
+                check(err, "consuming")
+                raise self._fatal_error(err)
+            elif err.code() in (KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError.TOPIC_AUTHORIZATION_FAILED,
+                                KafkaError.GROUP_AUTHORIZATION_FAILED):
                 check(err, "consuming")
                 raise DeliveryError(f"consumer error: {err.str()}")
         return batch
