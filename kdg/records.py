@@ -229,6 +229,12 @@ class RecordColumns:
         """Whether the columns still stand for the records (no pair made yet: nothing may have changed them)."""
         return self._pairs is None
 
+    @staticmethod
+    def of(records) -> "RecordColumns | None":
+        """``records`` (a batch's, in whatever form) if they are columns that still stand for the records: what
+        a reader of columns takes as they are; else None, and the records are read as pairs."""
+        return records if isinstance(records, RecordColumns) and records.columnar else None
+
     def pairs(self) -> list[tuple[Record, str]]:
         """The ``(record, key)`` pairs, each record as the record-by-record sort makes one without headers."""
         if self._pairs is None:

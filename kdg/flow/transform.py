@@ -209,9 +209,10 @@ def generic_rows(records) -> SinkRows:
     """The generic table's rows of ``(record, key)`` pairs: a transform's row stored as its JSON (:func:`as_value`).
     Records that are columns (:class:`~kdg.records.RecordColumns`: no headers, no transform's row) are taken as
     they are."""
-    if isinstance(records, RecordColumns) and records.columnar:
-        return SinkRows([records.ids, records.topics, records.partitions, records.offsets, records.keys,
-                         records.values, [headers_json(())] * len(records)])
+    columns = RecordColumns.of(records)
+    if columns is not None:
+        return SinkRows([columns.ids, columns.topics, columns.partitions, columns.offsets, columns.keys,
+                         columns.values, [headers_json(())] * len(columns)])
     return SinkRows.of([sink_row(rec, key) if rec.row is None else sink_row(with_value(rec, as_value(rec)), key)
                         for rec, key in records])
 

@@ -97,9 +97,10 @@ class BatchReader:
         key)`` pairs), or None: read them record by record."""
         if not records:
             return None
-        if isinstance(records, RecordColumns) and records.columnar:  # no transform's rows among them
-            values, keys, topics = records.values, records.ids, records.topics
-            partitions, offsets = records.partitions, records.offsets
+        given = RecordColumns.of(records)
+        if given is not None:  # no transform's rows among them
+            values, keys, topics = given.values, given.ids, given.topics
+            partitions, offsets = given.partitions, given.offsets
         else:
             recs = list(map(_FIRST, records))
             if any(map(_ROW, recs)):  # a transform's rows: already decoded

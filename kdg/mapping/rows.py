@@ -263,9 +263,9 @@ class StagedRows:
     def claims(self):
         """The claims of the rows made, as ``(keys, topics, partitions, offsets)`` columns (what
         :meth:`kdg.store.claims.Claims.rows` takes; ``zip(*…)`` for tuples)."""
-        dead, records = self._dead_seqs, self.records
-        if not dead and isinstance(records, RecordColumns) and records.columnar:
-            return records.ids, records.topics, records.partitions, records.offsets
+        dead, columns = self._dead_seqs, RecordColumns.of(self.records)
+        if not dead and columns is not None:
+            return columns.ids, columns.topics, columns.partitions, columns.offsets
         pairs = self.records if not dead else [pair for seq, pair in enumerate(self.records) if seq not in dead]
         recs = [pair[0] for pair in pairs]
         return ([pair[1] for pair in pairs], [r.topic for r in recs], [r.partition for r in recs],

@@ -43,10 +43,10 @@ class Batch:
     def topic_partitions(self) -> list[tuple[str, int]]:
         """The (topic, partition) of each record to write."""
         found = list(zip(self.rows.columns[1], self.rows.columns[2])) if self.rows is not None else []
-        records = self.records
-        if isinstance(records, RecordColumns) and records.columnar:
-            return found + list(zip(records.topics, records.partitions))
-        return found + [(rec.topic, rec.partition) for rec, _ in records]
+        columns = RecordColumns.of(self.records)
+        if columns is not None:
+            return found + list(zip(columns.topics, columns.partitions))
+        return found + [(rec.topic, rec.partition) for rec, _ in self.records]
 
     def __len__(self) -> int:
         """The records read (a record a transform made several rows of counts once)."""

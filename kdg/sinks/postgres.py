@@ -391,8 +391,8 @@ class PostgresSink(Sink):
         (kept for the COPY), not as the COPY reads them."""
         if batch.rows is not None:  # one poll, sorted per batch: the generic table's rows (kdg.batching)
             return self._row_parts(batch.rows), 0, [], Counter()
-        if isinstance(batch.records, RecordColumns) and batch.records.columnar:
-            found = self._column_parts(batch.records, made)
+        if (columns := RecordColumns.of(batch.records)) is not None:
+            found = self._column_parts(columns, made)
             if found is not None:
                 return found, 0, [], Counter()
         groups: dict[int, tuple[TableWriter, list]] = {}  # by writer: one per table
