@@ -31,6 +31,27 @@ def on_error(err: KafkaError) -> None:
     check(err)
 
 
+class FatalWatch:
+    """A client's ``error_cb`` that keeps what killed it: :func:`on_error`, and the fatal error heard, if any
+    (``heard``). Once a client has died, librdkafka answers each call with a bare _FATAL, which names no cause;
+    :meth:`cause` puts the heard one in its place. Holds nothing of the client's owner, so the owner, dropped, goes
+    with its client at once (as :func:`~kdg.kafka.clients.weakly` arranges for bound methods)."""
+
+    __slots__ = ("heard",)
+
+    def __init__(self):
+        self.heard: KafkaError | None = None
+
+    def __call__(self, err: KafkaError) -> None:
+        if err.fatal():
+            self.heard = err
+        on_error(err)
+
+    def cause(self, err: KafkaError) -> KafkaError:
+        """``err``, or for a bare _FATAL the fatal error heard before it (if any)."""
+        return self.heard if err.code() == KafkaError._FATAL and self.heard is not None else err
+
+
 def check(err: KafkaError, doing: str = "") -> None:
     """Raise the kdg error ``err`` stands for, if it is a security failure; return otherwise."""
     code = err.code()

@@ -7,8 +7,8 @@ from confluent_kafka import OFFSET_BEGINNING, OFFSET_END, OFFSET_STORED, KafkaEr
 
 from kdg.errors import DeliveryError, UsageError
 from kdg.guarantees import DeliveryPolicy
-from kdg.kafka.access import check, on_error
-from kdg.kafka.clients import Role, client_config, new_consumer, weakly
+from kdg.kafka.access import FatalWatch, check
+from kdg.kafka.clients import Role, client_config, new_consumer
 from kdg.lifecycle import StopRequested
 
 _REBALANCED = {KafkaError.ILLEGAL_GENERATION, KafkaError.UNKNOWN_MEMBER_ID, KafkaError.REBALANCE_IN_PROGRESS,
@@ -92,8 +92,8 @@ class KdgConsumer:
         config = client_config(Role.CONSUMER, bootstrap, extra, policy, **{
             "group.id": group, "auto.offset.reset": self.start.reset, "enable.partition.eof": eof,
             **({"topic.metadata.refresh.interval.ms": PATTERN_REFRESH_MS} if patterns else {})})
-        self._fatal: KafkaError | None = None  # a fatal error heard by error_cb: the client can read no more
-        self._consumer = new_consumer({**config, "error_cb": weakly(self._on_error)})
+        self._errors = FatalWatch()  # error_cb: a fatal error heard means the client can read no more
+        self._consumer = new_consumer({**config, "error_cb": self._errors})
         self.eof_partitions: set[tuple[str, int]] = set()
         self.assigned: set[tuple[str, int]] = set()
         self.ever_assigned: set[tuple[str, int]] = set()
@@ -148,15 +148,10 @@ class KdgConsumer:
             return OFFSET_STORED
         return OFFSET_BEGINNING if self.start.reset == "earliest" else OFFSET_END
 
-    def _on_error(self, err: KafkaError) -> None:
-        if err.fatal():
-            self._fatal = err
-        on_error(err)
-
     def _fatal_error(self, err: KafkaError) -> DeliveryError:
         """A fatal error (a bare _FATAL replaced by the one error_cb heard) as kdg's: the member stops, where
         librdkafka would leave it polling a dead client for ever."""
-        cause = self._fatal if err.code() == KafkaError._FATAL and self._fatal is not None else err
+        cause = self._errors.cause(err)
         text = cause.str().rsplit("Fatal consumer error: ", 1)[-1]  # (librdkafka says it twice)
         # (error_cb hears _FATAL, the broker's code only in the text: confluent-kafka does not read the cause)
         fenced = cause.code() == KafkaError.FENCED_INSTANCE_ID or "group.instance.id" in text
@@ -168,8 +163,8 @@ class KdgConsumer:
         """Up to ``max_records`` messages; partition EOF events are noted, errors raised or skipped; a fatal
         error (heard by error_cb, or a message's) raised as :class:`~kdg.errors.DeliveryError`."""
         msgs = self._consumer.consume(max_records, timeout)
-        if self._fatal is not None:
-            raise self._fatal_error(self._fatal)
+        if self._errors.heard is not None:
+            raise self._fatal_error(self._errors.heard)
         if not any(map(Message.error, msgs)):  # the common case, checked in C (a KafkaError is truthy)
             if self.eof_partitions:
                 self.eof_partitions.difference_update(zip(map(Message.topic, msgs), map(Message.partition, msgs)))

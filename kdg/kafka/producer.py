@@ -13,7 +13,7 @@ from confluent_kafka import KafkaError, KafkaException
 
 from kdg.errors import DeliveryError, KdgError, ProducerFatal, TransactionAborted, UsageError
 from kdg.guarantees import DeliveryPolicy
-from kdg.kafka.access import check, on_error
+from kdg.kafka.access import FatalWatch, check
 from kdg.kafka.clients import Role, client_config, new_producer, weakly
 
 
@@ -140,13 +140,13 @@ class KdgProducer:
         self.transactional = policy.transactional and role is Role.PRODUCER
         self.config = producer_config(policy, bootstrap, extra or {}, transactional_id, role)
         self._failures: Counter[str] = Counter()
-        self._fatal: KafkaError | None = None  # the fatal error behind a later _FATAL, heard by error_cb
+        self._errors = FatalWatch()  # error_cb: the fatal error behind a later _FATAL
         self._stuck: list = []  # clients left with a thread inside a call that never returned (kept alive)
         self.hung_after_s = HUNG_AFTER_S
         # the client's callbacks hold this object weakly: dropped, it and its client go at once (weakly)
         reports = {} if every_report else {"delivery.report.only.error": True,
                                            "on_delivery": weakly(self._count_failure)}
-        self._role, self._client_config = role, {**self.config, **reports, "error_cb": weakly(self._on_error)}
+        self._role, self._client_config = role, {**self.config, **reports, "error_cb": self._errors}
         self._producer = new_producer(self._client_config, role)
         self.in_transaction = False
         if init:
@@ -173,22 +173,17 @@ class KdgProducer:
         if self.transactional:
             self._call("init_transactions", timeout=60)
 
-    def _on_error(self, err: KafkaError) -> None:
-        if err.fatal():
-            self._fatal = err
-        on_error(err)
-
     def _fatal_error(self, doing: str, err: KafkaError) -> ProducerFatal:
         """``err`` (fatal) as kdg's error; a bare _FATAL (what a call answers once the client is dead) is
         replaced by the error that killed it, as error_cb heard it."""
-        if err.code() == KafkaError._FATAL and self._fatal is None:
+        if err.code() == KafkaError._FATAL and self._errors.heard is None:
             try:
                 self._producer.poll(0)  # serve the fatal event: error_cb (or confluent-kafka, raising it) names it
             except (KafkaException, SystemError) as exc:
                 found = raised_error(exc)
                 if found is not None and found.fatal():
-                    self._fatal = found
-        cause = self._fatal if err.code() == KafkaError._FATAL and self._fatal is not None else err
+                    self._errors.heard = found
+        cause = self._errors.cause(err)
         fenced = cause.code() in _FENCED
         hint = " (another producer took this transactional.id over)" if fenced else ""
         return ProducerFatal(f"{doing}: fatal Kafka error {cause.name()}: {cause.str()}{hint}",
@@ -205,7 +200,7 @@ class KdgProducer:
         """Replace a client that died of a :data:`RENEWABLE` error by a new one with the same
         transactional.id: its init_transactions bumps the epoch and aborts the transaction the old one
         left open. The old client's records are purged unsent (their reports are never served)."""
-        old, self._fatal, self.in_transaction = self._producer, None, False
+        old, self._errors.heard, self.in_transaction = self._producer, None, False
         if self._stuck and self._stuck[-1] is old:
             if len(self._stuck) > MAX_STUCK:
                 raise DeliveryError(f"{len(self._stuck)} producer clients stuck inside librdkafka: stopping")
